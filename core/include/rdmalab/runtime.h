@@ -1,0 +1,42 @@
+// How harness threads run and wait. One interface, two implementations: the model's
+// deterministic scheduler on a virtual clock (core/model/sim_runtime.h) and real threads on
+// CLOCK_MONOTONIC (core/verbs). Stack helpers (drain, dispatcher) are written against this
+// only, so they never ask which backend runs them (STYLE.md, FoundationDB's INetwork).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "rdmalab/types.h"
+
+namespace rdmalab {
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  virtual TimeNs now_ns() const = 0;
+
+  // Starts a harness thread (an event loop, a handler worker). In the model it is a
+  // simulated thread: only one runs at a time and the seeded scheduler picks which.
+  virtual void spawn(const std::string& name, std::function<void()> body) = 0;
+
+  // Blocks the calling thread until pred() holds or the deadline passes; returns pred().
+  // pred must be cheap and free of side effects. Never call it while holding a mutex that
+  // another harness thread may take: in the model that would stop the whole simulation.
+  virtual bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) = 0;
+
+  // Wakes waiters after a change that a pred may depend on (real threads need it; the
+  // model re-evaluates every pred when it schedules, so there it is a no-op).
+  virtual void notify_all() = 0;
+
+  // True once the owner is shutting down: thread bodies must return soon after.
+  virtual bool stopping() const = 0;
+
+  void sleep_for(TimeNs d) {
+    const TimeNs until = now_ns() + d;
+    wait_until([] { return false; }, until);
+  }
+};
+
+}  // namespace rdmalab

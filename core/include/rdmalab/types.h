@@ -1,0 +1,278 @@
+// Vocabulary of the engine: the enums and plain structs of the verbs API, named as in
+// libibverbs (ibv_*) and the IBTA specification so a reviewer can hold them against both.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rdmalab {
+
+// Virtual time in the model, CLOCK_MONOTONIC in the verbs backend. Units always in the name.
+using TimeNs = int64_t;
+inline constexpr TimeNs kNsPerUs = 1000;
+inline constexpr TimeNs kNsPerMs = 1000 * 1000;
+inline constexpr TimeNs kNsPerSec = 1000 * 1000 * 1000;
+
+enum class Transport { IB, RoCE, iWARP };
+
+enum class QpType { RC, UD, XRC_SEND, XRC_RECV };
+
+// IBV_QPS_*. For iWARP QPs SQD is the RDMAC CLOSING state (seed 000).
+enum class QpState { RESET, INIT, RTR, RTS, SQD, SQE, ERR };
+
+// IBV_QP_* attribute mask bits, same values as libibverbs.
+enum QpAttrMask : uint32_t {
+  QP_STATE = 1u << 0,
+  QP_CUR_STATE = 1u << 1,
+  QP_EN_SQD_ASYNC_NOTIFY = 1u << 2,
+  QP_ACCESS_FLAGS = 1u << 3,
+  QP_PKEY_INDEX = 1u << 4,
+  QP_PORT = 1u << 5,
+  QP_QKEY = 1u << 6,
+  QP_AV = 1u << 7,
+  QP_PATH_MTU = 1u << 8,
+  QP_TIMEOUT = 1u << 9,
+  QP_RETRY_CNT = 1u << 10,
+  QP_RNR_RETRY = 1u << 11,
+  QP_RQ_PSN = 1u << 12,
+  QP_MAX_QP_RD_ATOMIC = 1u << 13,
+  QP_ALT_PATH = 1u << 14,
+  QP_MIN_RNR_TIMER = 1u << 15,
+  QP_SQ_PSN = 1u << 16,
+  QP_MAX_DEST_RD_ATOMIC = 1u << 17,
+  QP_PATH_MIG_STATE = 1u << 18,
+  QP_CAP = 1u << 19,
+  QP_DEST_QPN = 1u << 20,
+};
+
+// IBV_ACCESS_* bits.
+enum AccessFlags : uint32_t {
+  ACCESS_LOCAL_WRITE = 1u << 0,
+  ACCESS_REMOTE_WRITE = 1u << 1,
+  ACCESS_REMOTE_READ = 1u << 2,
+  ACCESS_REMOTE_ATOMIC = 1u << 3,
+};
+
+// IBV_WC_* status, same order and values as libibverbs.
+enum class WcStatus {
+  SUCCESS,
+  LOC_LEN_ERR,
+  LOC_QP_OP_ERR,
+  LOC_EEC_OP_ERR,
+  LOC_PROT_ERR,
+  WR_FLUSH_ERR,
+  MW_BIND_ERR,
+  BAD_RESP_ERR,
+  LOC_ACCESS_ERR,
+  REM_INV_REQ_ERR,
+  REM_ACCESS_ERR,
+  REM_OP_ERR,
+  RETRY_EXC_ERR,
+  RNR_RETRY_EXC_ERR,
+  LOC_RDD_VIOL_ERR,
+  REM_INV_RD_REQ_ERR,
+  REM_ABORT_ERR,
+  INV_EECN_ERR,
+  INV_EEC_STATE_ERR,
+  FATAL_ERR,
+  RESP_TIMEOUT_ERR,
+  GENERAL_ERR,
+};
+
+// Send-side opcodes (IBV_WR_*), the subset the engine models.
+enum class WrOpcode { SEND, SEND_WITH_IMM, RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ };
+
+// IBV_WC_* opcodes.
+enum class WcOpcode { SEND, RDMA_WRITE, RDMA_READ, RECV, RECV_RDMA_WITH_IMM };
+
+enum class AsyncEventType {
+  CQ_ERR,
+  QP_FATAL,
+  QP_REQ_ERR,
+  QP_ACCESS_ERR,
+  COMM_EST,
+  SQ_DRAINED,
+  PATH_MIG,
+  PATH_MIG_ERR,
+  DEVICE_FATAL,
+  PORT_ACTIVE,
+  PORT_ERR,
+  LID_CHANGE,
+  PKEY_CHANGE,
+  SM_CHANGE,
+  SRQ_ERR,
+  SRQ_LIMIT_REACHED,
+  QP_LAST_WQE_REACHED,
+  CLIENT_REREGISTER,
+  GID_CHANGE,
+};
+
+// What an async event is affiliated with (semantics.md E).
+enum class ObjectKind { NONE, DEVICE, PORT, CQ, QP, SRQ, XRCD, PD, MR };
+
+// XRC TGT QP lifetime (semantics.md D): kHandle = lives while any handle is open (today's
+// kernel); kXrcd = lives until the XRCD's last reference (2007 proposal / 2011 commit).
+enum class XrcTgtLifetime { kHandle, kXrcd, kUnknown };
+
+// What a provider does with a post to a QP in ERR (semantics.md C, seed 000).
+enum class ErrPostPolicy {
+  kFlush,         // accepted, completed with WR_FLUSH_ERR (IB, mlx5, rxe, kernel siw)
+  kRefuse,        // the post fails with EINVAL (user-space libcxgb4)
+  kFlushAtOnce,   // completed at once as a flush (siw)
+};
+
+struct Gid {
+  std::array<uint8_t, 16> raw{};
+  bool operator==(const Gid&) const = default;
+  std::string str() const;  // "fe80:0000:...:0001"
+};
+
+struct DeviceCaps {
+  std::string name;          // "mlx5_0", "rxe0", "model-ib0"
+  std::string personality;   // model: "ib", "roce", "iwarp-cxgb4", "iwarp-siw", "mana"; verbs: driver name
+  Transport transport = Transport::IB;
+  bool xrc = false;
+  bool srq = true;
+  bool ud = true;
+  uint64_t node_guid = 0;
+  uint32_t max_qp = 0;
+  uint32_t max_qp_wr = 0;
+  uint32_t max_sge = 0;
+  uint32_t max_cq = 0;
+  uint32_t max_cqe = 0;
+  uint32_t max_srq = 0;
+  uint32_t max_srq_wr = 0;
+  uint32_t max_mr = 0;
+  uint8_t phys_port_cnt = 1;
+  ErrPostPolicy err_post = ErrPostPolicy::kFlush;
+  XrcTgtLifetime xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
+  // retry_cnt 7 treated as infinite (rxe, rxe_comp.c); the IB spec makes 7 infinite only for rnr_retry.
+  bool retry_cnt_7_infinite = false;
+  // Async events the provider is known to raise; empty means unknown (real devices).
+  std::vector<AsyncEventType> raises;
+  bool raises_event(AsyncEventType t) const;
+};
+
+struct QpCap {
+  uint32_t max_send_wr = 16;
+  uint32_t max_recv_wr = 16;
+  uint32_t max_send_sge = 1;
+  uint32_t max_recv_sge = 1;
+  uint32_t max_inline_data = 0;
+};
+
+// Address vector (ibv_ah_attr, RoCE/IB global routing collapsed to the fields the model needs).
+struct AhAttr {
+  Gid dgid;
+  uint16_t dlid = 0;
+  uint8_t sgid_index = 0;
+  uint8_t port_num = 1;
+  uint8_t sl = 0;
+};
+
+struct QpAttr {
+  QpState qp_state = QpState::RESET;
+  QpState cur_qp_state = QpState::RESET;
+  uint32_t qp_access_flags = 0;
+  uint16_t pkey_index = 0;
+  uint8_t port_num = 1;
+  uint32_t qkey = 0;
+  AhAttr ah_attr;
+  uint32_t path_mtu = 1024;  // bytes
+  uint32_t dest_qp_num = 0;
+  uint32_t rq_psn = 0;
+  uint32_t sq_psn = 0;
+  uint8_t max_rd_atomic = 1;
+  uint8_t max_dest_rd_atomic = 1;
+  uint8_t min_rnr_timer = 12;  // IBA encoded (12 = 0.64 ms)
+  uint8_t timeout = 14;        // 4.096 us * 2^timeout
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;       // 7 = infinite (IBA)
+  bool en_sqd_async_notify = false;
+  bool sq_draining = false;    // output of query
+  QpCap cap;                   // output of query
+};
+
+struct Sge {
+  uint64_t addr = 0;  // offset into the MR named by lkey (model) or a virtual address (verbs)
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::SEND;
+  std::vector<Sge> sg_list;
+  bool signaled = true;
+  uint32_t imm_data = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  // UD
+  std::optional<AhAttr> ah;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+  // XRC_SEND: which SRQ on the target receives (ibv_wr_set_xrc_srqn)
+  uint32_t remote_srqn = 0;
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  std::vector<Sge> sg_list;
+};
+
+struct WorkCompletion {
+  uint64_t wr_id = 0;
+  WcStatus status = WcStatus::SUCCESS;
+  WcOpcode opcode = WcOpcode::SEND;  // valid only on SUCCESS (ibv_wc.opcode)
+  uint32_t vendor_err = 0;
+  uint32_t byte_len = 0;
+  uint32_t imm_data = 0;
+  uint32_t qp_num = 0;
+  uint32_t src_qp = 0;
+  bool with_imm = false;
+};
+
+struct AsyncEvent {
+  AsyncEventType type = AsyncEventType::QP_FATAL;
+  ObjectKind kind = ObjectKind::NONE;
+  // Identity of the affiliated object: its engine id (never reused, like uverbs' user_handle)
+  // and its wire number (QPN, SRQN), which a device such as mana may hand out again.
+  uint64_t object_id = 0;
+  uint32_t qp_num = 0;
+  uint32_t srq_num = 0;
+  uint8_t port_num = 0;
+  uint64_t seq = 0;  // per context, for ack bookkeeping
+};
+
+struct SrqInitAttr {
+  uint32_t max_wr = 64;
+  uint32_t max_sge = 1;
+  uint32_t srq_limit = 0;
+};
+
+std::string_view to_string(Transport t);
+std::string_view to_string(QpType t);
+std::string_view to_string(QpState s);
+std::string_view to_string(WcStatus s);
+std::string_view to_string(WcOpcode o);
+std::string_view to_string(WrOpcode o);
+std::string_view to_string(AsyncEventType t);
+std::string_view to_string(ObjectKind k);
+std::string_view to_string(XrcTgtLifetime l);
+std::string_view to_string(ErrPostPolicy p);
+
+// Inverse of to_string; throw rdmalab::Error(EINVAL) on an unknown name.
+Transport transport_from_string(std::string_view s);
+QpType qp_type_from_string(std::string_view s);
+QpState qp_state_from_string(std::string_view s);
+WrOpcode wr_opcode_from_string(std::string_view s);
+AsyncEventType async_event_from_string(std::string_view s);
+
+// The affiliation of each event type (QP_FATAL -> QP, CQ_ERR -> CQ, PORT_ERR -> PORT, ...).
+ObjectKind affiliation(AsyncEventType t);
+
+}  // namespace rdmalab
