@@ -64,8 +64,12 @@ class SimRuntime final : public Runtime {
   // Names of harness threads and what they wait for, for diagnostic dumps.
   std::string dump_threads() const;
 
+  // Exceptions that escaped a harness thread's body ("name: what"), in order.
+  const std::vector<std::string>& thread_errors() const { return thread_errors_; }
+
+  struct SimThread;  // opaque; public only so the .cc can keep a thread_local pointer
+
  private:
-  struct SimThread;
   SimThread* self();
   SimThread* pick_next();
   void switch_to(SimThread* self, SimThread* next);
@@ -81,6 +85,7 @@ class SimRuntime final : public Runtime {
 
   std::vector<std::unique_ptr<SimThread>> threads_;  // [0] is the controller thread
   uint64_t next_thread_id_ = 0;
+  std::vector<std::string> thread_errors_;
 
   // The baton: the id of the only thread allowed to run.
   mutable std::mutex baton_mu_;
