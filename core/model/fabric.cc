@@ -1,0 +1,81 @@
+#include "model/fabric.h"
+
+#include <algorithm>
+
+namespace rdmalab::model {
+
+nlohmann::json packet_json(const Packet& p) {
+  nlohmann::json j = {{"packet", p.id},     {"src", p.src_host},      {"dst", p.dst_host},
+                      {"opcode", p.opcode}, {"dest_qpn", p.dest_qpn}, {"src_qpn", p.src_qpn},
+                      {"psn", p.psn},       {"length", p.length}};
+  if (!p.syndrome.empty()) j["syndrome"] = p.syndrome;
+  if (p.mad_attr_id != 0) j["mad_attr_id"] = p.mad_attr_id;
+  return j;
+}
+
+void Fabric::lose(const Packet& pkt, const std::string& why, const std::string& fault_name) {
+  nlohmann::json data = packet_json(pkt);
+  data["reason"] = why;
+  env_.fault(pkt.src_host, "fabric", fault_name, std::move(data));
+}
+
+TimeNs Fabric::base_latency() {
+  TimeNs jitter = 0;
+  if (opts_.jitter_ns > 0) {
+    jitter =
+        static_cast<TimeNs>(env_.runtime.rng().uniform(static_cast<uint64_t>(opts_.jitter_ns) + 1));
+  }
+  return std::max<TimeNs>(0, opts_.latency_ns) + jitter;
+}
+
+void Fabric::send(Packet pkt, const Arrival& on_arrival) {
+  pkt.id = next_packet_id_++;
+  if (link_up_ && (!link_up_(pkt.src_host) || !link_up_(pkt.dst_host))) {
+    lose(pkt, "port down", "port_down_drop");
+    return;
+  }
+  PacketVerdict verdict;
+  if (hook_) verdict = hook_(pkt);
+  if (verdict.action == PacketAction::DELIVER && env_.runtime.rng().chance_ppm(opts_.loss_ppm)) {
+    lose(pkt, "loss_ppm", "drop");
+    return;
+  }
+  const TimeNs now = env_.runtime.now_ns();
+  const auto pair = std::make_pair(pkt.src_host, pkt.dst_host);
+  // In-order arrival per pair: jitter never overtakes an earlier packet.
+  TimeNs arrive = std::max(now + base_latency(), last_arrival_[pair]);
+  switch (verdict.action) {
+    case PacketAction::DROP:
+      lose(pkt, "hook", "drop");
+      return;
+    case PacketAction::DELAY: {
+      nlohmann::json data = packet_json(pkt);
+      data["delay_ns"] = verdict.delay_ns;
+      env_.fault(pkt.src_host, "fabric", "delay", std::move(data));
+      deliver_at(arrive + std::max<TimeNs>(0, verdict.delay_ns), pkt, on_arrival);
+      return;  // a delayed packet may be overtaken: that is the fault
+    }
+    case PacketAction::DUPLICATE:
+      env_.fault(pkt.src_host, "fabric", "duplicate", packet_json(pkt));
+      last_arrival_[pair] = arrive;
+      deliver_at(arrive, pkt, on_arrival);
+      deliver_at(arrive, pkt, on_arrival);
+      return;
+    case PacketAction::DELIVER:
+      last_arrival_[pair] = arrive;
+      deliver_at(arrive, pkt, on_arrival);
+      return;
+  }
+}
+
+void Fabric::deliver_at(TimeNs t, const Packet& pkt, const Arrival& on_arrival) {
+  env_.runtime.schedule_at(t, [this, pkt, on_arrival] {
+    if (link_up_ && !link_up_(pkt.dst_host)) {
+      lose(pkt, "port down at arrival", "port_down_drop");
+      return;
+    }
+    on_arrival(pkt);
+  });
+}
+
+}  // namespace rdmalab::model

@@ -1,0 +1,159 @@
+// The personality table. Sources: docs/semantics.md (section letter) and docs/vmlab.md
+// (observed on rxe, kernel 6.1). "(model)" marks a choice the sources do not settle.
+#include "model/personality.h"
+
+#include <map>
+
+#include "rdmalab/error.h"
+#include "rdmalab/model.h"
+
+namespace rdmalab::model {
+namespace {
+
+using E = AsyncEventType;
+
+DeviceCaps base_caps(const std::string& name, Transport t) {
+  DeviceCaps c;
+  c.personality = name;
+  c.transport = t;
+  c.max_qp = 4096;  // (model) limits large enough for scenarios, small enough to test
+  c.max_qp_wr = 4096;
+  c.max_sge = 4;
+  c.max_cq = 4096;
+  c.max_cqe = 65536;
+  c.max_srq = 1024;
+  c.max_srq_wr = 4096;
+  c.max_mr = 4096;
+  c.phys_port_cnt = 1;
+  return c;
+}
+
+Personality roce() {
+  Personality p;
+  p.caps = base_caps("roce", Transport::RoCE);
+  p.caps.xrc = false;                       // vmlab.md: no XRC bit, ibv_open_xrcd -> EOPNOTSUPP
+  p.caps.err_post = ErrPostPolicy::kFlush;  // semantics.md C: rxe flushes posts in ERR
+  p.caps.retry_cnt_7_infinite = true;       // vmlab.md: rxe_comp.c treats retry_cnt 7 as infinite
+  // semantics.md E (rxe triggers) and vmlab.md: no QP_FATAL, COMM_EST, LAST_WQE_REACHED.
+  p.caps.raises = {E::CQ_ERR, E::PORT_ERR, E::PORT_ACTIVE, E::SRQ_LIMIT_REACHED, E::SQ_DRAINED};
+  p.qpn_policy = QpnPolicy::kIncrement;  // vmlab.md: first QPN 17, then 18 (cyclic allocation)
+  p.first_qpn = 17;
+  p.max_qpn = 0x1ffff;                    // (model) wrap point of the cyclic range
+  p.cq_overflow = CqOverflow::kLoseEach;  // vmlab.md: CQ_ERR per lost completion, QP stays RTS
+  p.send_port_down_loc_qp_op_err = true;  // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
+  p.guid_base = 0x5054001234560000ull;    // (model) rxe derives the GUID from the MAC
+  return p;
+}
+
+Personality ib(XrcTgtLifetime rule, const std::string& name) {
+  Personality p;
+  p.caps = base_caps(name, Transport::IB);
+  p.caps.xrc = true;                        // semantics.md D: mlx4, mlx5 support XRC
+  p.caps.xrc_tgt_lifetime = rule;           // semantics.md D: kHandle today, kXrcd in 2007/2011
+  p.caps.err_post = ErrPostPolicy::kFlush;  // semantics.md G: IB posts in ERR complete as flush
+  // semantics.md E: mlx5 dispatches every QP, CQ, SRQ and port event.
+  p.caps.raises = {E::CQ_ERR,
+                   E::QP_FATAL,
+                   E::QP_REQ_ERR,
+                   E::QP_ACCESS_ERR,
+                   E::COMM_EST,
+                   E::SQ_DRAINED,
+                   E::PATH_MIG,
+                   E::PATH_MIG_ERR,
+                   E::DEVICE_FATAL,
+                   E::PORT_ACTIVE,
+                   E::PORT_ERR,
+                   E::LID_CHANGE,
+                   E::PKEY_CHANGE,
+                   E::SM_CHANGE,
+                   E::SRQ_ERR,
+                   E::SRQ_LIMIT_REACHED,
+                   E::QP_LAST_WQE_REACHED,
+                   E::CLIENT_REREGISTER,
+                   E::GID_CHANGE};
+  p.qpn_policy = QpnPolicy::kIncrement;  // semantics.md E: mlx5 assigns QPNs by increment
+  p.first_qpn = 0x100;
+  p.cq_overflow = CqOverflow::kErrorQps;  // (model) mlx5: CQ overflow is a CQ error, QPs to ERR
+  p.guid_base = 0x0002c90300000000ull;    // (model) a Mellanox OUI
+  return p;
+}
+
+Personality iwarp_cxgb4() {
+  Personality p;
+  p.caps = base_caps("iwarp-cxgb4", Transport::iWARP);
+  p.caps.xrc = false;                        // semantics.md D: no XRC on cxgb4
+  p.caps.ud = false;                         // iWARP is connected only
+  p.caps.err_post = ErrPostPolicy::kRefuse;  // semantics.md C: libcxgb4 returns EINVAL in ERR
+  // (model) iw_cxgb4 posts QP_FATAL/QP_REQ_ERR/QP_ACCESS_ERR from its error CQEs, and port events.
+  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR, E::CQ_ERR,
+                   E::PORT_ACTIVE, E::PORT_ERR,   E::DEVICE_FATAL};
+  p.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids
+  p.first_qpn = 1024;
+  p.cq_overflow = CqOverflow::kErrorQps;  // (model)
+  p.iwarp_closing = true;                 // seed 000: SQD == CLOSING, cxgb4 rules
+  p.guid_base = 0x0007430000000000ull;    // (model) a Chelsio OUI
+  return p;
+}
+
+Personality iwarp_siw() {
+  Personality p;
+  p.caps = base_caps("iwarp-siw", Transport::iWARP);
+  p.caps.xrc = false;  // semantics.md D: no XRC on siw
+  p.caps.ud = false;
+  p.caps.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send in ERROR
+  // semantics.md E (siw triggers).
+  p.caps.raises = {E::QP_FATAL, E::QP_REQ_ERR, E::SQ_DRAINED,  E::CQ_ERR, E::PORT_ACTIVE,
+                   E::PORT_ERR, E::LID_CHANGE, E::DEVICE_FATAL};  // removal -> DEVICE_FATAL (E)
+  p.qpn_policy = QpnPolicy::kIncrement;                           // (model)
+  p.first_qpn = 1;
+  p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full
+  p.iwarp_closing = true;                 // seed 000, semantics.md F
+  p.guid_base = 0x0250560000000000ull;    // (model)
+  return p;
+}
+
+Personality mana() {
+  Personality p;
+  p.caps = base_caps("mana", Transport::RoCE);
+  p.caps.xrc = false;  // semantics.md D: XRC only on mlx4/mlx5/hns/qedr
+  p.caps.srq = false;  // (model) mana_ib has no SRQ: create_srq EOPNOTSUPP
+  p.caps.err_post = ErrPostPolicy::kFlush;
+  p.caps.raises = {E::QP_FATAL};          // semantics.md E: mana_ib_event_handler, QP_FATAL only
+  p.qpn_policy = QpnPolicy::kLifo;        // semantics.md E, seed 002: freed QPN to next create
+  p.first_qpn = 0x40;                     // (model)
+  p.cq_overflow = CqOverflow::kErrorQps;  // (model)
+  p.guid_base = 0x00155d0000000000ull;    // (model) a Microsoft OUI
+  return p;
+}
+
+const std::map<std::string, Personality>& table() {
+  static const std::map<std::string, Personality> t = {
+      {"roce", roce()},
+      {"ib", ib(XrcTgtLifetime::kHandle, "ib")},
+      {"ib-legacy", ib(XrcTgtLifetime::kXrcd, "ib-legacy")},
+      {"iwarp-cxgb4", iwarp_cxgb4()},
+      {"iwarp-siw", iwarp_siw()},
+      {"mana", mana()},
+  };
+  return t;
+}
+
+}  // namespace
+
+const std::vector<std::string>& personality_names() {
+  static const std::vector<std::string> names = {"roce",        "ib",        "ib-legacy",
+                                                 "iwarp-cxgb4", "iwarp-siw", "mana"};
+  return names;
+}
+
+const Personality& personality(const std::string& name) {
+  auto it = table().find(name);
+  if (it == table().end()) throw Error("make_lab", EINVAL, "unknown personality '" + name + "'");
+  return it->second;
+}
+
+std::vector<std::string> personalities() {
+  return personality_names();
+}
+
+}  // namespace rdmalab::model

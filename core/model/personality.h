@@ -1,0 +1,42 @@
+// Device personalities: the caps and behaviour flags that make one model device act like rxe,
+// mlx5, cxgb4, siw or mana. The table (personality.cc) cites the source of every line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rdmalab/types.h"
+
+namespace rdmalab::model {
+
+// How a device hands out QP numbers.
+enum class QpnPolicy {
+  kIncrement,  // next number, never reused until the space wraps (mlx5, rxe's cyclic xarray)
+  kLifo,       // a freed QPN goes to the next create (mana, seed 002)
+};
+
+// What a full CQ does with one more completion.
+enum class CqOverflow {
+  kLoseEach,  // the completion is lost, CQ_ERR per lost completion, QPs unaffected (rxe, siw)
+  kErrorQps,  // CQ_ERR once, the CQ is dead, every QP using it goes to ERR (mlx5)
+};
+
+struct Personality {
+  DeviceCaps caps;  // name is filled per host ("model-ib0")
+  QpnPolicy qpn_policy = QpnPolicy::kIncrement;
+  uint32_t first_qpn = 0x100;
+  uint32_t max_qpn = 0xffffff;
+  CqOverflow cq_overflow = CqOverflow::kErrorQps;
+  // iWARP: SQD is RDMAC CLOSING; no posts in CLOSING; modify to CLOSING with SQ WRs -> ERR.
+  bool iwarp_closing = false;
+  // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
+  bool send_port_down_loc_qp_op_err = false;
+  uint64_t guid_base = 0;
+};
+
+// Names in model.h order; throws Error("make_lab", EINVAL) for an unknown name.
+const std::vector<std::string>& personality_names();
+const Personality& personality(const std::string& name);
+
+}  // namespace rdmalab::model

@@ -1,0 +1,131 @@
+#include "model/process.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "model/context.h"
+#include "model/qp.h"
+
+namespace rdmalab::model {
+
+// ---------------------------------------------------------------- process
+
+ModelProcess::ModelProcess(Env& env, ModelHost& host, std::string name, uint64_t pid)
+    : env_(env), token_(env.token), host_(host), name_(std::move(name)), pid_(pid) {}
+
+std::shared_ptr<Context> ModelProcess::open_device(const std::string& device_name) {
+  if (!token_->alive) throw Error("ibv_open_device", EBADF, "lab shut down");
+  if (!alive_) throw Error("ibv_open_device", ESRCH, label() + " was killed");
+  Device& dev = host_.device();
+  if (!device_name.empty() && device_name != dev.caps.name) {
+    throw Error("ibv_open_device", ENODEV, "no device '" + device_name + "' on " + host_.name());
+  }
+  env_.enter_verb(host_.name(), "ibv_open_device", label());
+  if (dev.fatal) throw Error("ibv_open_device", EIO, "device fatal");
+  auto ctx = std::make_shared<ModelContext>(dev, *this);
+  dev.contexts.push_back(ctx.get());
+  contexts_.push_back(ctx);
+  env_.record(host_.name(), ctx->label(), "verb",
+              {{"verb", "ibv_open_device"}, {"device", dev.caps.name}, {"process", name_}});
+  return ctx;
+}
+
+// SIGKILL: uverbs releases every handle, newest first by type (QPs, SRQs, CQs, MRs, PDs, XRCD
+// references), then the contexts, without waiting for event acks.
+void ModelProcess::kill() {
+  if (!token_->alive || !alive_) return;
+  alive_ = false;
+  env_.fault(host_.name(), label(), "kill", {{"process", name_}, {"pid", pid_}});
+  std::vector<std::shared_ptr<Owned>> objs;
+  for (const auto& ctx : contexts_) {
+    auto o = ctx->owned();
+    objs.insert(objs.end(), o.begin(), o.end());
+  }
+  std::stable_sort(objs.begin(), objs.end(), [](const auto& a, const auto& b) {
+    if (a->rank() != b->rank()) return a->rank() < b->rank();
+    return a->owned_id() > b->owned_id();
+  });
+  for (auto& o : objs) o->release(Release::kKill);
+  auto ctxs = contexts_;
+  for (size_t i = ctxs.size(); i-- > 0;) ctxs[i]->release_all(Release::kKill);
+  contexts_.clear();
+}
+
+void ModelProcess::context_closed(const ModelContext* ctx) {
+  contexts_.erase(std::remove_if(contexts_.begin(), contexts_.end(),
+                                 [ctx](const auto& c) { return c.get() == ctx; }),
+                  contexts_.end());
+}
+
+void ModelProcess::shutdown() {
+  auto ctxs = contexts_;
+  for (size_t i = ctxs.size(); i-- > 0;) ctxs[i]->release_all(Release::kClose);
+  contexts_.clear();
+}
+
+std::string ModelProcess::dump() const {
+  std::ostringstream out;
+  out << "  " << label() << " pid " << pid_ << (alive_ ? "" : " (killed)") << "\n";
+  for (const auto& ctx : contexts_) out << ctx->dump();
+  return out.str();
+}
+
+// ---------------------------------------------------------------- host
+
+ModelHost::ModelHost(Env& env, Fabric& fabric, std::string name, const Personality& p, int index)
+    : env_(env),
+      token_(env.token),
+      name_(std::move(name)),
+      device_(std::make_unique<Device>(env, fabric, p, name_, index)) {
+  env_.devices[name_] = device_.get();
+}
+
+DeviceCaps ModelHost::device_caps(const std::string& device_name) const {
+  if (!device_name.empty() && device_name != device_->caps.name) {
+    throw Error("ibv_query_device", ENODEV, "no device '" + device_name + "' on " + name_);
+  }
+  return device_->caps;
+}
+
+std::shared_ptr<Process> ModelHost::create_process(const std::string& name) {
+  if (!token_->alive) throw Error("create_process", EBADF, "lab shut down");
+  for (const auto& p : processes_) {
+    if (p->alive() && p->name() == name)
+      throw Error("create_process", EEXIST, "process '" + name + "' exists on " + name_);
+  }
+  auto p = std::make_shared<ModelProcess>(env_, *this, name, env_.next_pid++);
+  processes_.push_back(p);
+  env_.record(name_, p->label(), "process_start", {{"process", name}, {"pid", p->pid()}});
+  return p;
+}
+
+std::vector<std::shared_ptr<Process>> ModelHost::processes() const {
+  return {processes_.begin(), processes_.end()};
+}
+
+void ModelHost::shutdown() {
+  for (size_t i = processes_.size(); i-- > 0;) processes_[i]->shutdown();
+  // Break the XRCD <-> TGT QP ownership cycle of QPs that outlived every process.
+  for (auto& [path, x] : device_->xrcd_inodes) x->tgt_qps.clear();
+  std::vector<QpCore*> cores;
+  for (const auto& [qpn, core] : device_->qp_table) cores.push_back(core);
+  for (QpCore* core : cores) {
+    if (core->xrcd) {
+      core->xrcd->tgt_qps.clear();
+      core->xrcd.reset();
+    }
+  }
+  device_->xrcd_inodes.clear();
+}
+
+std::string ModelHost::dump() const {
+  std::ostringstream out;
+  const Device& d = *device_;
+  out << "host " << name_ << ": " << d.caps.name << " (" << d.caps.personality << ") port "
+      << (d.port_up ? "ACTIVE" : "DOWN") << (d.fatal ? " FATAL" : "") << ", " << d.qp_table.size()
+      << " QPs, " << d.pending_eqes() << " EQEs pending\n";
+  for (const auto& p : processes_) out << p->dump();
+  return out.str();
+}
+
+}  // namespace rdmalab::model

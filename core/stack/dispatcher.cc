@@ -1,0 +1,453 @@
+#include "stack/dispatcher.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "rdmalab/error.h"
+
+namespace rdmalab::stack {
+
+namespace {
+
+// How long one blocking read or idle worker wait lasts before the stop flag is checked.
+constexpr TimeNs kEventPollNs = 10 * kNsPerMs;
+constexpr TimeNs kWorkerPollNs = 50 * kNsPerMs;
+
+// One watched object (or the default sink): the per-id work list of iw_cm, the refcount of
+// mlx5_core_rsc_common. refs = the initial reference + one per event queued or running.
+struct Entry {
+  uint64_t id = 0;
+  std::string label;
+  AsyncHandler handler;
+  std::deque<AsyncEvent> fifo;
+  int refs = 1;
+  int running = 0;
+  uint64_t running_object = 0;  // object_id of the event being handled
+  std::thread::id running_thread;
+  bool in_ready = false;
+  bool initial_ref_dropped = false;
+};
+
+nlohmann::json event_json(const AsyncEvent& ev) {
+  return {{"event", std::string(to_string(ev.type))},
+          {"qp_num", ev.qp_num},
+          {"srq_num", ev.srq_num},
+          {"object_id", ev.object_id},
+          {"seq", ev.seq}};
+}
+
+}  // namespace
+
+struct AsyncDispatcher::State {
+  State(Runtime& rt, std::shared_ptr<Context> c, History* h, std::string host_name)
+      : runtime(rt), ctx(std::move(c)), history(h), host(std::move(host_name)) {
+    fallback->id = 0;
+    fallback->label = "default";
+  }
+
+  Runtime& runtime;
+  std::shared_ptr<Context> ctx;
+  History* history;
+  std::string host;
+
+  std::mutex mu;  // short sections only: never held across a wait, a handler, an ack or a record
+  std::map<uint64_t, std::shared_ptr<Entry>> table;    // watched, live
+  std::map<uint64_t, std::shared_ptr<Entry>> retired;  // destroying or destroyed (tombstones)
+  std::shared_ptr<Entry> fallback = std::make_shared<Entry>();
+  std::deque<std::shared_ptr<Entry>> ready;
+  std::map<uint64_t, std::vector<AsyncEvent>> routed;  // by object_id
+  std::map<std::pair<uint64_t, AsyncEventType>, size_t> read_counts;
+  DispatcherStats stats;
+  bool stop = false;
+  int live_threads = 0;
+
+  void record(const std::string& object, const std::string& kind, nlohmann::json data) {
+    if (history != nullptr) history->record(host, object, kind, std::move(data));
+  }
+
+  void ack(const AsyncEvent& ev) {
+    try {
+      ctx->ack_async_event(ev);
+    } catch (const Error& e) {  // a closed context: nothing left to wait for the ack
+      auto data = event_json(ev);
+      data["errno"] = e.err();
+      record("", "ack_failed", std::move(data));
+    }
+  }
+
+  // Queues ev on e and takes a reference for it (mu held). Not yet visible to workers, so
+  // that "event_dispatched" precedes "handler_begin" in the history on real threads too.
+  void enqueue_locked(const std::shared_ptr<Entry>& e, const AsyncEvent& ev) {
+    e->fifo.push_back(ev);
+    ++e->refs;
+    routed[ev.object_id].push_back(ev);
+  }
+
+  // Puts e on the ready list if it has events and no worker holds it (mu held).
+  void schedule_locked(const std::shared_ptr<Entry>& e) {
+    if (!e->fifo.empty() && !e->in_ready && e->running == 0) {
+      e->in_ready = true;
+      ready.push_back(e);
+    }
+  }
+
+  void route(const AsyncEvent& ev);
+  void event_loop();
+  void worker_loop();
+  bool run_one();
+};
+
+void AsyncDispatcher::State::route(const AsyncEvent& ev) {
+  std::string target;
+  std::shared_ptr<Entry> queued;
+  bool dropped = false;
+  bool no_handler = false;
+  {
+    std::lock_guard lock(mu);
+    ++stats.read;
+    ++read_counts[{ev.object_id, ev.type}];
+    const bool affiliated = ev.object_id != 0 && affiliation(ev.type) != ObjectKind::DEVICE &&
+                            affiliation(ev.type) != ObjectKind::PORT;
+    auto live = affiliated ? table.find(ev.object_id) : table.end();
+    if (live != table.end()) {
+      target = live->second->label;
+      queued = live->second;
+    } else if (affiliated && retired.count(ev.object_id) != 0) {
+      target = retired[ev.object_id]->label;
+      dropped = true;
+      ++stats.dropped;
+    } else {
+      target = fallback->label;
+      ++stats.unaffiliated;
+      no_handler = !fallback->handler;
+      if (!no_handler) queued = fallback;
+    }
+    if (queued) enqueue_locked(queued, ev);
+  }
+  if (dropped) {
+    record(target, "event_dropped_after_destroy", event_json(ev));
+    ack(ev);
+    return;
+  }
+  auto data = event_json(ev);
+  data["handler"] = no_handler ? "none" : target;
+  record(target, "event_dispatched", std::move(data));
+  if (no_handler) ack(ev);
+  if (queued) {
+    std::lock_guard lock(mu);
+    schedule_locked(queued);
+  }
+  runtime.notify_all();
+}
+
+void AsyncDispatcher::State::event_loop() {
+  while (!runtime.stopping()) {
+    {
+      std::lock_guard lock(mu);
+      if (stop) break;
+    }
+    std::optional<AsyncEvent> ev;
+    try {
+      ev = ctx->get_async_event(runtime.now_ns() + kEventPollNs);
+    } catch (const Error& e) {  // the context went away (device closed, process killed)
+      record("", "dispatcher_error", {{"verb", e.verb()}, {"errno", e.err()}});
+      break;
+    }
+    if (ev) route(*ev);
+  }
+}
+
+// Takes one event off the ready list and runs its handler. False when there was none.
+bool AsyncDispatcher::State::run_one() {
+  std::shared_ptr<Entry> e;
+  AsyncEvent ev;
+  AsyncHandler handler;  // a copy: set_default_handler may replace it meanwhile
+  {
+    std::lock_guard lock(mu);
+    if (stop || ready.empty()) return false;
+    e = ready.front();
+    ready.pop_front();
+    e->in_ready = false;
+    if (e->fifo.empty()) return true;  // its events were dropped by a destroy
+    ev = e->fifo.front();
+    e->fifo.pop_front();
+    handler = e->handler;
+    ++e->running;
+    e->running_object = ev.object_id;
+    e->running_thread = std::this_thread::get_id();
+    stats.max_concurrent_per_object = std::max(stats.max_concurrent_per_object, e->running);
+  }
+  record(e->label, "handler_begin", event_json(ev));
+  bool failed = false;
+  try {
+    if (handler) handler(ev);
+  } catch (const std::exception& ex) {
+    failed = true;
+    auto data = event_json(ev);
+    data["what"] = ex.what();
+    record(e->label, "handler_error", std::move(data));
+  }
+  record(e->label, "handler_end", event_json(ev));
+  ack(ev);
+  {
+    std::lock_guard lock(mu);
+    --e->running;
+    --e->refs;
+    e->running_object = 0;
+    e->running_thread = {};
+    ++stats.delivered;
+    if (failed) ++stats.handler_errors;
+    schedule_locked(e);
+  }
+  runtime.notify_all();
+  return true;
+}
+
+void AsyncDispatcher::State::worker_loop() {
+  while (!runtime.stopping()) {
+    runtime.wait_until(
+        [this] {
+          std::lock_guard lock(mu);
+          return stop || !ready.empty();
+        },
+        runtime.now_ns() + kWorkerPollNs);
+    {
+      std::lock_guard lock(mu);
+      if (stop) break;
+    }
+    while (run_one()) {
+    }
+  }
+}
+
+AsyncDispatcher::AsyncDispatcher(Runtime& runtime, std::shared_ptr<Context> ctx, History* history,
+                                 std::string host, int workers)
+    : runtime_(runtime),
+      ctx_(ctx),
+      workers_(workers),
+      state_(std::make_shared<State>(runtime, std::move(ctx), history, std::move(host))) {
+  if (workers_ < 1) throw Error("AsyncDispatcher", EINVAL, "need at least one worker");
+}
+
+AsyncDispatcher::~AsyncDispatcher() {
+  try {
+    stop(runtime_.now_ns() + kNsPerSec);
+  } catch (...) {  // NOLINT(bugprone-empty-catch)
+    // Threads still running keep the shared state alive and exit on the stop flag.
+  }
+}
+
+void AsyncDispatcher::start() {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    if (st.live_threads > 0) throw Error("AsyncDispatcher::start", EALREADY, "already started");
+    st.stop = false;
+    st.live_threads = 1 + workers_;
+  }
+  auto exit_guard = [](const std::shared_ptr<State>& s) {
+    std::lock_guard lock(s->mu);
+    --s->live_threads;
+  };
+  std::shared_ptr<State> shared = state_;
+  runtime_.spawn(st.host + ":async_events", [shared, exit_guard] {
+    shared->event_loop();
+    exit_guard(shared);
+    shared->runtime.notify_all();
+  });
+  for (int i = 0; i < workers_; ++i) {
+    runtime_.spawn(st.host + ":event_worker" + std::to_string(i), [shared, exit_guard] {
+      shared->worker_loop();
+      exit_guard(shared);
+      shared->runtime.notify_all();
+    });
+  }
+}
+
+bool AsyncDispatcher::running() const {
+  std::lock_guard lock(state_->mu);
+  return state_->live_threads > 0 && !state_->stop;
+}
+
+void AsyncDispatcher::stop(TimeNs deadline_ns) {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    if (st.live_threads == 0 && st.ready.empty()) return;
+    st.stop = true;
+  }
+  runtime_.notify_all();
+  const bool ended = runtime_.wait_until(
+      [&st] {
+        std::lock_guard lock(st.mu);
+        return st.live_threads == 0;
+      },
+      deadline_ns);
+  std::vector<AsyncEvent> left;
+  {
+    std::lock_guard lock(st.mu);
+    std::vector<std::shared_ptr<Entry>> all{st.fallback};
+    for (auto& [id, e] : st.table) all.push_back(e);
+    for (auto& e : all) {
+      e->refs -= static_cast<int>(e->fifo.size());
+      left.insert(left.end(), e->fifo.begin(), e->fifo.end());
+      e->fifo.clear();
+      e->in_ready = false;
+    }
+    st.ready.clear();
+    st.stats.dropped += left.size();
+  }
+  for (const auto& ev : left) {
+    auto data = event_json(ev);
+    data["reason"] = "stop";
+    st.record("", "event_dropped", std::move(data));
+    st.ack(ev);
+  }
+  if (!ended) throw DeadlineExceeded("AsyncDispatcher::stop", "a handler is still running");
+}
+
+void AsyncDispatcher::watch(const Object& obj, AsyncHandler handler) {
+  if (!handler) throw Error("AsyncDispatcher::watch", EINVAL, "empty handler");
+  if (obj.destroyed()) throw Error("AsyncDispatcher::watch", EBADF, obj.label() + " destroyed");
+  auto e = std::make_shared<Entry>();
+  e->id = obj.id();
+  e->label = obj.label();
+  e->handler = std::move(handler);
+  std::lock_guard lock(state_->mu);
+  if (state_->table.count(e->id) != 0) {
+    throw Error("AsyncDispatcher::watch", EEXIST, e->label + " already watched");
+  }
+  state_->retired.erase(e->id);  // ids are never reused; this only clears a stale tombstone
+  state_->table.emplace(e->id, std::move(e));
+}
+
+void AsyncDispatcher::set_default_handler(AsyncHandler handler) {
+  std::lock_guard lock(state_->mu);
+  state_->fallback->handler = std::move(handler);
+}
+
+void AsyncDispatcher::destroy_qp(Qp& qp, TimeNs deadline_ns) {
+  destroy_object(
+      qp, [&qp, deadline_ns] { qp.destroy(deadline_ns); }, deadline_ns);
+}
+
+void AsyncDispatcher::destroy_srq(Srq& srq, TimeNs deadline_ns) {
+  destroy_object(
+      srq, [&srq] { srq.destroy(); }, deadline_ns);
+}
+
+void AsyncDispatcher::destroy_cq(Cq& cq, TimeNs deadline_ns) {
+  destroy_object(
+      cq, [&cq] { cq.destroy(); }, deadline_ns);
+}
+
+namespace {
+
+// Moves the events of object_id out of fifo.
+std::vector<AsyncEvent> take_events(std::deque<AsyncEvent>& fifo, uint64_t object_id) {
+  std::vector<AsyncEvent> taken;
+  std::deque<AsyncEvent> kept;
+  for (auto& ev : fifo) {
+    if (ev.object_id == object_id) {
+      taken.push_back(ev);
+    } else {
+      kept.push_back(ev);
+    }
+  }
+  fifo.swap(kept);
+  return taken;
+}
+
+}  // namespace
+
+void AsyncDispatcher::destroy_object(const Object& obj,
+                                     const std::function<void()>& backend_destroy,
+                                     TimeNs deadline_ns) {
+  State& st = *state_;
+  const uint64_t id = obj.id();
+  const std::string label = obj.label();
+  std::shared_ptr<Entry> e;
+  std::vector<AsyncEvent> dropped;
+  {
+    std::lock_guard lock(st.mu);
+    auto live = st.table.find(id);
+    auto old = st.retired.find(id);
+    e = live != st.table.end() ? live->second : old != st.retired.end() ? old->second : nullptr;
+    const auto self = std::this_thread::get_id();
+    if ((e && e->running > 0 && e->running_thread == self) ||
+        (st.fallback->running > 0 && st.fallback->running_object == id &&
+         st.fallback->running_thread == self)) {
+      throw Error("destroy", EDEADLK, label + ": destroy from its own event handler");
+    }
+    if (!e) {  // unwatched: a tombstone so that later events are dropped, not defaulted
+      e = std::make_shared<Entry>();
+      e->id = id;
+      e->label = label;
+    }
+    if (live != st.table.end()) st.table.erase(live);
+    st.retired[id] = e;
+    dropped = take_events(e->fifo, id);
+    e->refs -= static_cast<int>(dropped.size());
+    if (!e->initial_ref_dropped) {
+      e->initial_ref_dropped = true;
+      --e->refs;
+    }
+    auto defaulted = take_events(st.fallback->fifo, id);
+    st.fallback->refs -= static_cast<int>(defaulted.size());
+    dropped.insert(dropped.end(), defaulted.begin(), defaulted.end());
+    st.stats.dropped += dropped.size();
+  }
+  st.record(label, "destroy_begin", {{"object_id", id}, {"dropped", dropped.size()}});
+  for (const auto& ev : dropped) {
+    st.record(label, "event_dropped_after_destroy", event_json(ev));
+    st.ack(ev);
+  }
+  runtime_.notify_all();
+  const bool idle = runtime_.wait_until(
+      [&st, e, id] {
+        std::lock_guard lock(st.mu);
+        const bool defaulting = st.fallback->running > 0 && st.fallback->running_object == id;
+        return e->refs == 0 && !defaulting;
+      },
+      deadline_ns);
+  if (!idle) {
+    st.record(label, "destroy_timeout", {{"object_id", id}});
+    throw DeadlineExceeded("destroy", label + ": an event handler is still running");
+  }
+  try {
+    backend_destroy();
+  } catch (const Error& err) {
+    st.record(label, "destroy_failed", {{"verb", err.verb()}, {"errno", err.err()}});
+    throw;
+  }
+  st.record(label, "destroy_end", {{"object_id", id}});
+}
+
+bool AsyncDispatcher::wait_event(uint64_t object_id, AsyncEventType type, TimeNs deadline_ns,
+                                 size_t min_count) {
+  return runtime_.wait_until(
+      [this, object_id, type, min_count] { return count_events(object_id, type) >= min_count; },
+      deadline_ns);
+}
+
+size_t AsyncDispatcher::count_events(uint64_t object_id, AsyncEventType type) const {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->read_counts.find({object_id, type});
+  return it == state_->read_counts.end() ? 0 : it->second;
+}
+
+std::vector<AsyncEvent> AsyncDispatcher::events_for(uint64_t object_id) const {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->routed.find(object_id);
+  return it == state_->routed.end() ? std::vector<AsyncEvent>{} : it->second;
+}
+
+DispatcherStats AsyncDispatcher::stats() const {
+  std::lock_guard lock(state_->mu);
+  return state_->stats;
+}
+
+}  // namespace rdmalab::stack
