@@ -14,8 +14,8 @@ namespace rdmalab {
 // Virtual time in the model, CLOCK_MONOTONIC in the verbs backend. Units always in the name.
 using TimeNs = int64_t;
 inline constexpr TimeNs kNsPerUs = 1000;
-inline constexpr TimeNs kNsPerMs = 1000 * 1000;
-inline constexpr TimeNs kNsPerSec = 1000 * 1000 * 1000;
+inline constexpr TimeNs kNsPerMs = TimeNs{1000} * 1000;
+inline constexpr TimeNs kNsPerSec = TimeNs{1000} * 1000 * 1000;
 
 enum class Transport { IB, RoCE, iWARP };
 

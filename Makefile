@@ -1,0 +1,70 @@
+# rdmalab: make deps | build | test | run. Debian 12; Python is /usr/bin/python3 (the python3
+# first on PATH may be another interpreter that lacks python3-pybind11 / python3-pytest).
+
+PYTHON     ?= /usr/bin/python3
+JOBS       ?= 2
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+LAB        ?= model
+OUT        ?= out
+
+DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
+        pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
+        libibverbs-dev librdmacm-dev prometheus-cpp-dev
+
+export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
+PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
+
+.PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean
+
+all: build
+
+# Installs only what is missing; apt needs root (sudo is used when not root).
+deps:
+	@missing=""; \
+	for p in $(DEBS); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q < /dev/null && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    $$missing < /dev/null; \
+	else \
+	  echo "deps: all installed"; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The engine and its GoogleTest tests under AddressSanitizer + UBSan (no Python module).
+build-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRDMALAB_SANITIZE=ON -DRDMALAB_PYTHON=OFF
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test-cpp: build
+	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
+
+test-asan: build-asan
+	ctest --test-dir $(ASAN_BUILD) -j$(JOBS) --output-on-failure
+
+test-python: build
+	$(PYTEST) tests/python tests/scenarios --lab $(LAB)
+
+test: test-cpp test-asan test-python
+
+run: build
+	$(PYTHON) -m rdmalab run --lab $(LAB) --out $(OUT)
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+tidy: build
+	clang-tidy -p $(BUILD) --quiet $$(git ls-files 'core/*.cc' 'bindings/*.cc' | grep -v _test.cc)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(OUT) bindings/rdmalab/_core*.so

@@ -1,0 +1,91 @@
+"""python3 -m rdmalab run [--lab model] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
+python3 -m rdmalab report DIR/junit.xml
+
+run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
+rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl and DIR/report.txt, and prints
+the result table. Exit status: pytest's (non-zero when anything failed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import report
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BINDINGS_DIR = PACKAGE_DIR.parent
+REPO_ROOT = BINDINGS_DIR.parent
+DEFAULT_TESTS = REPO_ROOT / "tests" / "scenarios"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 -m rdmalab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run scenarios and print the result table")
+    run.add_argument("--lab", default="model", help='"model" or "model:ib,roce" (default model)')
+    run.add_argument("--seed", type=int, default=1, help="seed of every lab (default 1)")
+    run.add_argument("--out", default="out", help="output directory (default out/)")
+    run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="wall-clock seconds per test (plugin default 300)")
+    run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
+    rep = sub.add_parser("report", help="print the result table of a JUnit XML file")
+    rep.add_argument("junit")
+    return p
+
+
+def pytest_command(args, extra: list[str]) -> list[str]:
+    out = Path(args.out)
+    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin",
+           *(args.paths or [str(DEFAULT_TESTS)]),
+           "--lab", args.lab, "--seed", str(args.seed),
+           "--history-dir", str(out / "history"), "--junitxml", str(out / "junit.xml"),
+           "-o", "junit_logging=no", "-rfEs"]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    if args.timeout is not None:
+        cmd += ["--rdmalab-timeout", str(args.timeout)]
+    return cmd + extra
+
+
+def run(args, extra: list[str]) -> int:
+    # pytest runs from the repository root: make the caller's relative paths absolute.
+    args.out = str(Path(args.out).resolve())
+    args.paths = [str(Path(p).resolve()) for p in args.paths]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    junit = out / "junit.xml"
+    if junit.exists():
+        junit.unlink()  # never report a previous run's results
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BINDINGS_DIR), env.get("PYTHONPATH"))
+                                        if p)
+    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO_ROOT)
+    if not junit.exists():
+        print(f"rdmalab: pytest ended with status {rc} and wrote no {junit}", file=sys.stderr)
+        return rc or 1
+    results = report.read_junit(str(junit))
+    table = report.format_table(results)
+    (out / "report.txt").write_text(table)
+    print("\n" + table, end="")
+    if report.failed(results) and rc == 0:
+        rc = 1
+    return rc
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args, extra)
+    results = report.read_junit(args.junit)
+    print(report.format_table(results), end="")
+    return 1 if report.failed(results) else 0

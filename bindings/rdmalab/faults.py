@@ -1,0 +1,204 @@
+"""Fault verbs of a lab (lab.faults). The model applies every fault; a backend that cannot
+apply one raises FaultNotSupported naming it, never a silent pass.
+
+Wire faults are rules: each matches packets (a predicate and/or fields) and acts on at most
+`count` of them; the first matching rule decides. Examples:
+
+    lab.faults.drop(cm="DREP")                             # lose every DREP
+    lab.faults.drop(opcode="ACKNOWLEDGE", src_host="b", count=3)
+    lab.faults.delay(lambda p: p.dest_qpn == qpn, delay_ns=ms(5))
+    lab.faults.on_verb(lambda call: ..., verb="ibv_destroy_qp")   # timing faults
+    lab.faults.at(lab.now_ns + us(10), lambda: proc.kill())
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Callable, Optional
+
+from . import _core
+from .errors import Error, FaultNotSupported
+from .names import parse
+
+# IBTA CM MAD attribute IDs (semantics.md A).
+CM_ATTR_ID = {"REQ": 0x10, "MRA": 0x11, "REJ": 0x12, "REP": 0x13, "RTU": 0x14, "DREQ": 0x15,
+              "DREP": 0x16, "SIDR_REQ": 0x17, "SIDR_REP": 0x18, "LAP": 0x19, "APR": 0x1A}
+_PACKET_FIELDS = ("src_host", "dst_host", "opcode", "dest_qpn", "src_qpn", "psn", "syndrome",
+                  "mad_attr_id")
+
+
+class PacketRule:
+    """One wire fault: which packets, what to do, how many times (None = always)."""
+
+    def __init__(self, action: str, match: Optional[Callable], fields: dict, count: Optional[int],
+                 delay_ns: int = 0):
+        unknown = set(fields) - set(_PACKET_FIELDS) - {"cm"}
+        if unknown:
+            raise TypeError(f"unknown packet field(s) {sorted(unknown)}; allowed: "
+                            f"{', '.join(_PACKET_FIELDS)}, cm")
+        if "cm" in fields:
+            msg = fields.pop("cm")
+            if msg not in CM_ATTR_ID:
+                raise ValueError(f"unknown CM message {msg!r}; allowed: {', '.join(CM_ATTR_ID)}")
+            fields.update(opcode="MAD", mad_attr_id=CM_ATTR_ID[msg])
+        self.action = parse(_core.PacketAction, action, "packet action")
+        self.match, self.fields, self.count, self.delay_ns = match, fields, count, delay_ns
+        self.hits = 0  # packets this rule acted on
+
+    def matches(self, p: _core.Packet) -> bool:
+        if self.count is not None and self.hits >= self.count:
+            return False
+        if any(getattr(p, k) != v for k, v in self.fields.items()):
+            return False
+        return self.match is None or bool(self.match(p))
+
+    def verdict(self) -> _core.PacketVerdict:
+        self.hits += 1
+        return _core.PacketVerdict(self.action, self.delay_ns)
+
+
+class Faults:
+    """The model lab's fault verbs (ModelLab in model.h)."""
+
+    def __init__(self, lab):
+        self._lab = lab
+        self._rules: list[PacketRule] = []
+        self._verb_hooks: list[tuple[Optional[str], Callable]] = []
+
+    @property
+    def _o(self):
+        return self._lab._o
+
+    # -- wire
+    def drop(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
+             **fields) -> PacketRule:
+        return self._add(PacketRule("DROP", match, fields, count))
+
+    def delay(self, match: Optional[Callable] = None, *, delay_ns: int, count: Optional[int] = None,
+              **fields) -> PacketRule:
+        return self._add(PacketRule("DELAY", match, fields, count, delay_ns))
+
+    def duplicate(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
+                  **fields) -> PacketRule:
+        return self._add(PacketRule("DUPLICATE", match, fields, count))
+
+    def remove(self, rule: PacketRule) -> None:
+        self._rules.remove(rule)
+        self._install_packet_hook()
+
+    def fabric(self, *, latency_ns: Optional[int] = None, jitter_ns: Optional[int] = None,
+               loss_ppm: Optional[int] = None) -> None:
+        """Fabric-wide latency, jitter and random loss (parts per million)."""
+        opts = _core.FabricOptions()
+        for key, value in (("latency_ns", latency_ns), ("jitter_ns", jitter_ns),
+                           ("loss_ppm", loss_ppm)):
+            if value is not None:
+                setattr(opts, key, value)
+        self._o.set_fabric(opts)
+
+    # -- timing
+    def at(self, t_ns: int, fn: Callable[[], None]) -> None:
+        """Runs fn at virtual time t_ns (absolute)."""
+        self._o.at(t_ns, fn)
+
+    def after(self, delay_ns: int, fn: Callable[[], None]) -> None:
+        self._o.at(self._lab.now_ns + delay_ns, fn)
+
+    def on_verb(self, fn: Callable, verb: Optional[str] = None) -> None:
+        """fn(call) at the entry of every verb (or of `verb`), before it acts."""
+        self._verb_hooks.append((verb, fn))
+        self._install_verb_hook()
+
+    # -- device and process
+    def inject_async_event(self, host, event_type, number: int, driver_delay_ns: int = 0) -> None:
+        """The device raises event_type on object `number` (QPN, SRQN, CQ id or port); the
+        driver handles it after driver_delay_ns."""
+        t = parse(_core.AsyncEventType, event_type, "async event type")
+        self._device_fault(f"inject_async_event({t.name})", self._o.inject_async_event,
+                           _host_name(host), t, number, driver_delay_ns)
+
+    def port_down(self, host) -> None:
+        self._device_fault("port_down", self._o.set_port_state, _host_name(host), False)
+
+    def port_up(self, host) -> None:
+        self._device_fault("port_up", self._o.set_port_state, _host_name(host), True)
+
+    def device_fatal(self, host) -> None:
+        self._device_fault("device_fatal", self._o.device_fatal, _host_name(host))
+
+    def kill(self, process) -> None:
+        """SIGKILL a process (same as process.kill())."""
+        process.kill()
+
+    def counts(self) -> dict[str, int]:
+        """Faults applied so far, by kind ("drop", "delay", "async_event", "kill", ...)."""
+        return dict(self._o.fault_counts())
+
+    def clear(self) -> None:
+        """Removes every packet rule and verb hook."""
+        self._rules.clear()
+        self._verb_hooks.clear()
+        self._o.set_packet_hook(None)
+        self._o.set_verb_hook(None)
+
+    # -- internals
+    def _add(self, rule: PacketRule) -> PacketRule:
+        self._rules.append(rule)
+        self._install_packet_hook()
+        return rule
+
+    def _install_packet_hook(self) -> None:
+        rules = self._rules
+
+        def hook(packet):
+            for rule in rules:
+                if rule.matches(packet):
+                    return rule.verdict()
+            return None  # DELIVER
+
+        self._o.set_packet_hook(hook if rules else None)
+
+    def _install_verb_hook(self) -> None:
+        hooks = self._verb_hooks
+
+        def hook(call):
+            for verb, fn in hooks:
+                if verb is None or verb == call.verb:
+                    fn(call)
+
+        self._o.set_verb_hook(hook if hooks else None)
+
+    def _device_fault(self, fault: str, verb: Callable, *args) -> None:
+        try:
+            verb(*args)
+        except Error as e:
+            if e.errno == errno.EOPNOTSUPP:
+                raise FaultNotSupported(fault, e.detail or str(e)) from e
+            raise
+
+
+class NoFaults:
+    """Fault verbs of a backend that applies none of them (yet): each raises FaultNotSupported."""
+
+    def __init__(self, lab):
+        self._lab = lab
+
+    def kill(self, process) -> None:
+        process.kill()
+
+    def clear(self) -> None:
+        pass
+
+    def __getattr__(self, fault: str):
+        if fault.startswith("_"):
+            raise AttributeError(fault)
+        backend = self._lab.backend
+
+        def unsupported(*args, **kwargs):
+            raise FaultNotSupported(fault, f"backend {backend} cannot apply this fault")
+
+        return unsupported
+
+
+def _host_name(host) -> str:
+    return host if isinstance(host, str) else host.name

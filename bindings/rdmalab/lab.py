@@ -1,0 +1,267 @@
+"""Labs, hosts and processes: where a scenario gets its devices.
+
+    lab = rdmalab.model_lab(seed=1, hosts={"a": "ib", "b": "ib"})
+    proc = lab.host("a").process("server")
+    ctx = proc.open_device()
+
+Time is in ns (rdmalab.us/ms/sec convert). In the model it is virtual: waits are instant in
+wall-clock terms, and the same seed replays the same run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import weakref
+from typing import Callable, Iterable, Mapping, Optional, Union
+
+from . import _core
+from .errors import Hung, raise_parked
+from .faults import Faults, NoFaults
+from .names import parse, sec
+from .verbs import Context, DeviceCaps, unwrap
+
+HISTORY_TAIL = 50  # records in a Hung dump
+
+_LIVE: "weakref.WeakSet[Lab]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_labs() -> None:
+    # Harness threads must end before the interpreter does: a handler thread that wants the
+    # GIL during finalization would hang the exit.
+    for lab in list(_LIVE):
+        lab.shutdown()
+
+
+class Process:
+    """A process on a host: it opens devices and owns what it creates; kill() is SIGKILL."""
+
+    def __init__(self, host: "Host", o):
+        self.host, self._o = host, o
+
+    name = property(lambda self: self._o.name)
+    pid = property(lambda self: self._o.pid)
+    alive = property(lambda self: self._o.alive)
+
+    def open_device(self, device_name: str = "") -> Context:
+        ctx = Context(self, self._o.open_device(device_name))
+        raise_parked()
+        return ctx
+
+    def kill(self) -> None:
+        self._o.kill()
+        raise_parked()
+
+    def __repr__(self) -> str:
+        return f"<Process {self.name} pid {self.pid} on {self.host.name}>"
+
+
+class Host:
+    def __init__(self, lab: "Lab", o):
+        self.lab, self._o = lab, o
+
+    name = property(lambda self: self._o.name)
+
+    @property
+    def devices(self) -> list[str]:
+        return self._o.device_names()
+
+    def caps(self, device_name: str = "") -> DeviceCaps:
+        """Capabilities of a device ("" = the first one) without opening it."""
+        return DeviceCaps.from_core(self._o.device_caps(device_name or self.devices[0]))
+
+    def process(self, name: str) -> Process:
+        """Starts a new process named name."""
+        proc = Process(self, self._o.create_process(name))
+        raise_parked()
+        return proc
+
+    @property
+    def processes(self) -> list[Process]:
+        return [Process(self, p) for p in self._o.processes()]
+
+    def __repr__(self) -> str:
+        return f"<Host {self.name}>"
+
+
+class Lab:
+    """A lab of hosts on one backend. Use as a context manager, or call shutdown()."""
+
+    def __init__(self, core: _core.Lab, description: str = ""):
+        self._o = core
+        self.description = description
+        self.replay = ""  # how to replay this run; the pytest plugin sets it
+        self._hosts = {h.name: Host(self, h) for h in core.hosts()}
+        self._faults = Faults(self) if isinstance(core, _core.ModelLab) else NoFaults(self)
+        self._shut = False
+        _LIVE.add(self)
+
+    # -- identity
+    backend = property(lambda self: self._o.backend)
+    seed = property(lambda self: self._o.seed)
+    now_ns = property(lambda self: self._o.now_ns)
+
+    @property
+    def replayable(self) -> bool:
+        """True where one seed replays one run exactly (a seeded virtual clock: the model)."""
+        return isinstance(self._o, _core.ModelLab)
+
+    @property
+    def hosts(self) -> dict[str, Host]:
+        return dict(self._hosts)
+
+    def host(self, name: str) -> Host:
+        if name not in self._hosts:
+            self._o.host(name)  # raises the engine's Error(ENOENT)
+        return self._hosts[name]
+
+    @property
+    def faults(self) -> Union[Faults, NoFaults]:
+        """The fault verbs the backend offers; others raise FaultNotSupported."""
+        return self._faults
+
+    # -- time
+    def run_for(self, duration_ns: int) -> None:
+        """Lets the lab run for duration_ns (the model: events and harness threads)."""
+        if isinstance(self._o, _core.ModelLab):
+            self._o.run_for(duration_ns)
+        else:
+            self._o.sleep_for(duration_ns)
+        raise_parked()
+
+    def sleep(self, duration_ns: int) -> None:
+        """The controller sleeps; other threads and events run meanwhile."""
+        self._o.sleep_for(duration_ns)
+        raise_parked()
+
+    def wait_until(self, pred: Callable[[], bool], timeout_ns: int = sec(10),
+                   what: str = "condition") -> None:
+        """Waits until pred() is true. pred must be cheap and side-effect free (the model
+        evaluates it whenever it schedules). Raises Hung, with a diagnostic dump, at timeout."""
+        start = self.now_ns
+        ok = self._o.wait_until(pred, start + timeout_ns)
+        raise_parked()
+        if not ok:
+            raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what} "
+                                             f"(from t={start} ns to t={self.now_ns} ns)"))
+
+    def spawn(self, name: str, fn: Callable[[], None]) -> None:
+        """Runs fn on a harness thread (in the model a simulated thread, scheduled by seed)."""
+        self._o.spawn(name, fn)
+
+    # -- history
+    def history(self, since_seq: int = 0) -> list[dict]:
+        """Records as dicts: seq, t_ns, host, object, kind, data."""
+        text = self._o.history_since_jsonl(since_seq) if since_seq else self._o.history_jsonl()
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def write_history(self, path: Union[str, os.PathLike]) -> None:
+        """The history as JSON lines (byte-identical for one seed in the model)."""
+        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._o.history_jsonl())
+
+    def record(self, kind: str, object: str = "scenario", host: str = "", **data) -> int:
+        """Adds a scenario record (a note, a checkpoint) to the history; returns its seq."""
+        return self._o.record(host, object, kind, json.dumps(data))
+
+    # -- diagnostics
+    def dump_state(self) -> str:
+        if isinstance(self._o, _core.ModelLab):
+            return self._o.dump_state()
+        return f"(backend {self.backend} has no state dump)"
+
+    def diagnostic(self, headline: str) -> str:
+        """The dump a hung wait prints: what, seed, replay, state and the history's tail."""
+        size = self._o.history_size()
+        tail = self.history(max(0, self._o.history_next_seq() - HISTORY_TAIL))[-HISTORY_TAIL:]
+        lines = [f"Hung: {headline}",
+                 f"lab: {self.description or self.backend} seed={self.seed} now_ns={self.now_ns}"]
+        if self.replay:
+            lines.append(f"replay: {self.replay}")
+        lines += ["--- state ---", self.dump_state().rstrip(),
+                  f"--- last {len(tail)} of {size} history records ---"]
+        lines += [json.dumps(r, sort_keys=True) for r in tail]
+        return "\n".join(lines)
+
+    def check_errors(self) -> None:
+        """Re-raises exceptions parked by Python callbacks the engine ran."""
+        raise_parked()
+
+    # -- lifetime
+    def shutdown(self) -> None:
+        """Stops harness threads and releases everything. Idempotent."""
+        if self._shut:
+            return
+        self._shut = True
+        self._faults.clear()
+        self._o.shutdown()
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        desc = self.description or self.backend
+        return f"<Lab {desc} seed={self.seed} hosts={list(self._hosts)}>"
+
+
+HostsArg = Union[Mapping[str, Union[str, Mapping]], Iterable[str]]
+
+
+def model_lab(seed: int = 1, hosts: HostsArg = ("a", "b"), personality: str = "ib", *,
+              latency_ns: Optional[int] = None, jitter_ns: Optional[int] = None,
+              loss_ppm: Optional[int] = None) -> Lab:
+    """A model lab. hosts: names (each gets `personality`), or {name: personality} or
+    {name: {"personality": ..., "xrc_tgt_lifetime": "handle" | "xrcd"}}."""
+    opts = _core.LabOptions()
+    opts.seed = seed
+    opts.hosts = [_host_spec(n, s) for n, s in _host_items(hosts, personality)]
+    for key, value in (("latency_ns", latency_ns), ("jitter_ns", jitter_ns),
+                       ("loss_ppm", loss_ppm)):
+        if value is not None:
+            setattr(opts.fabric, key, value)
+    desc = "model:" + ",".join(sorted({h.personality for h in opts.hosts}))
+    return Lab(_core.make_lab(opts), desc)
+
+
+def personalities() -> list[str]:
+    """The model's device personalities ("ib", "roce", "iwarp-siw", ...)."""
+    return list(_core.personalities())
+
+
+def _host_items(hosts: HostsArg, personality: str):
+    if isinstance(hosts, str):
+        raise TypeError("hosts must be names or a mapping, not a str")
+    if isinstance(hosts, Mapping):
+        return list(hosts.items())
+    return [(h, personality) for h in hosts]
+
+
+def _host_spec(name: str, spec) -> _core.HostSpec:
+    hs = _core.HostSpec()
+    hs.name = name
+    if isinstance(spec, str):
+        spec = {"personality": spec}
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"host {name!r}: a personality name or a dict, got {type(spec).__name__}")
+    unknown = set(spec) - {"personality", "xrc_tgt_lifetime"}
+    if unknown:
+        raise TypeError(f"host {name!r}: unknown keys {sorted(unknown)}; "
+                        "allowed: personality, xrc_tgt_lifetime")
+    known = personalities()
+    p = spec.get("personality", "ib")
+    if p not in known:
+        raise ValueError(f"host {name!r}: unknown personality {p!r}; allowed: {', '.join(known)}")
+    hs.personality = p
+    if spec.get("xrc_tgt_lifetime") is not None:
+        hs.xrc_tgt_lifetime = parse(_core.XrcTgtLifetime, spec["xrc_tgt_lifetime"],
+                                    "XRC TGT lifetime")
+    return hs
+
+
+__all__ = ["Lab", "Host", "Process", "model_lab", "personalities", "unwrap"]

@@ -1,0 +1,345 @@
+"""pytest plugin: labs as fixtures, capability markers, seeds and replay, histories.
+
+Load it with `-p rdmalab.pytest_plugin` or `pytest_plugins = ["rdmalab.pytest_plugin"]`.
+
+Options:
+  --lab SPEC           "model" (every model personality), "model:ib" or "model:ib,roce"
+  --seed N             seed of every lab (default 1); failures print how to replay
+  --history-dir DIR    one JSON-lines history per lab, named after the test id
+  --rdmalab-timeout S  wall-clock safety net per test (default 300 s; 0 = off)
+
+Fixtures: lab_spec / personality (parametrized from --lab, ids like "model-ib"), lab (hosts "a"
+and "b"), hosts (their Host objects, in order), lab_factory (labs with other hosts or fabric
+options, same personality and seed), rdmalab_seed.
+Marker: @pytest.mark.requires("xrc", "srq", "ud", transport="iWARP", event="QP_FATAL"):
+skip, naming what the device lacks, when it lacks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import functools
+import os
+import re
+import signal
+import sys
+import threading
+from typing import Optional
+
+import pytest
+
+from . import _core
+from .errors import WallClockTimeout, raise_parked
+from .lab import Lab, model_lab, personalities
+from .names import parse
+from .verbs import DeviceCaps
+
+DEFAULT_HOSTS = ("a", "b")
+HARD_TIMEOUT_GRACE_S = 60  # after the soft timeout, faulthandler dumps stacks and exits
+FEATURES = {"xrc": "XRC", "srq": "SRQ", "ud": "UD"}
+
+_PHASES = pytest.StashKey[dict]()
+_SETTINGS = pytest.StashKey["Settings"]()
+_FAILURES = pytest.StashKey[list]()
+
+
+@dataclasses.dataclass(frozen=True)
+class LabSpec:
+    """One column of the result table: a backend and a device personality."""
+    backend: str
+    personality: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}-{self.personality}"
+
+    @property
+    def option(self) -> str:
+        return f"{self.backend}:{self.personality}"
+
+    def build(self, seed: int, hosts=DEFAULT_HOSTS, **options) -> Lab:
+        """A lab whose hosts have this personality (a host given as {name: {...}} may
+        override xrc_tgt_lifetime, or the personality itself)."""
+        if isinstance(hosts, dict):
+            specs = {}
+            for name, spec in hosts.items():
+                spec = {"personality": spec} if isinstance(spec, str) else dict(spec or {})
+                spec.setdefault("personality", self.personality)
+                specs[name] = spec
+        else:
+            specs = {name: self.personality for name in hosts}
+        return model_lab(seed=seed, hosts=specs, **options)
+
+    def caps(self) -> DeviceCaps:
+        return _caps_of(self)
+
+
+@functools.lru_cache(maxsize=None)
+def _caps_of(spec: LabSpec) -> DeviceCaps:
+    with spec.build(seed=1, hosts=("probe",)) as lab:
+        return lab.host("probe").caps()
+
+
+def parse_lab_option(text: str) -> list[LabSpec]:
+    """"model" -> every model personality; "model:ib,roce" -> those."""
+    backend, _, names = text.partition(":")
+    if backend != "model":
+        raise pytest.UsageError(f"--lab {text!r}: unknown backend {backend!r}; available: model")
+    known = personalities()
+    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else known
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise pytest.UsageError(f"--lab {text!r}: unknown personality {', '.join(unknown)}; "
+                                f"model personalities: {', '.join(known)}")
+    return [LabSpec(backend, n) for n in wanted]
+
+
+@dataclasses.dataclass
+class Settings:
+    specs: list[LabSpec]
+    seed: int
+    history_dir: Optional[str]
+    timeout_s: float
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("rdmalab")
+    group.addoption("--lab", default="model",
+                    help='labs to run on: "model" (every personality), "model:ib,roce"')
+    group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
+    group.addoption("--history-dir", default=None,
+                    help="write one JSON-lines history per lab into this directory")
+    group.addoption("--rdmalab-timeout", type=float, default=300.0,
+                    help="wall-clock seconds per test before it fails (0 = no limit)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "requires(*features, transport=None, event=None): run only where the device has the "
+        "features (xrc, srq, ud), one of the transports (IB, RoCE, iWARP) and raises the async "
+        "event(s); skip naming what is missing otherwise")
+    config.stash[_SETTINGS] = Settings(parse_lab_option(config.getoption("lab")),
+                                       config.getoption("seed"), config.getoption("history_dir"),
+                                       config.getoption("rdmalab_timeout"))
+    config.stash[_FAILURES] = []
+
+
+def pytest_generate_tests(metafunc):
+    if "lab_spec" not in metafunc.fixturenames:
+        return
+    if any("lab_spec" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
+        return  # the test chose its own specs
+    specs = metafunc.config.stash[_SETTINGS].specs
+    metafunc.parametrize("lab_spec", specs, ids=[s.id for s in specs])
+
+
+# -- fixtures
+
+@pytest.fixture
+def lab_spec(request) -> LabSpec:
+    """The lab this test runs on (parametrized from --lab)."""
+    return getattr(request, "param", request.config.stash[_SETTINGS].specs[0])
+
+
+@pytest.fixture
+def personality(lab_spec) -> str:
+    return lab_spec.personality
+
+
+@pytest.fixture
+def rdmalab_seed(request) -> int:
+    return request.config.stash[_SETTINGS].seed
+
+
+@pytest.fixture
+def lab_factory(request, lab_spec):
+    """make(hosts=("a", "b"), seed=None, **model_lab options) -> Lab, of this test's
+    personality and (unless seed= is given) the run's seed; every lab is shut down after the
+    test and its history written."""
+    settings = request.config.stash[_SETTINGS]
+    labs: list[Lab] = []
+
+    def make(hosts=DEFAULT_HOSTS, seed: Optional[int] = None, **options) -> Lab:
+        lab = lab_spec.build(settings.seed if seed is None else seed, hosts, **options)
+        lab.replay = replay_command(request.node, lab_spec, settings.seed)
+        labs.append(lab)
+        return lab
+
+    yield make
+    _finish_labs(request.node, labs, settings)
+
+
+@pytest.fixture
+def lab(lab_factory) -> Lab:
+    """A two-host lab ("a", "b") of this test's personality."""
+    return lab_factory()
+
+
+@pytest.fixture
+def hosts(lab):
+    return tuple(lab.hosts.values())
+
+
+def _finish_labs(item, labs: list[Lab], settings: Settings) -> None:
+    try:
+        for i, lab in enumerate(labs):
+            if settings.history_dir:
+                suffix = f".{i + 1}" if len(labs) > 1 else ""
+                lab.write_history(os.path.join(settings.history_dir,
+                                               history_name(item.nodeid) + suffix + ".jsonl"))
+            lab.shutdown()
+    finally:
+        raise_parked()  # a handler or hook that raised fails the test here at the latest
+
+
+def history_name(nodeid: str) -> str:
+    """A file name for a test id: tests/scenarios/test_x.py::test_y[model-ib] ->
+    tests.scenarios.test_x.test_y-model-ib."""
+    name = nodeid.replace(".py::", ".").replace("::", ".").replace("/", ".")
+    name = name.replace("[", "-").replace("]", "")
+    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", name)
+
+
+def replay_command(item, spec: LabSpec, seed: int) -> str:
+    return (f"python3 -m rdmalab run --lab {spec.option} --seed {seed} -k '{item.name}'"
+            f"  (or: python3 -m pytest -p rdmalab.pytest_plugin '{item.nodeid}' "
+            f"--lab {spec.option} --seed {seed})")
+
+
+# -- markers
+
+def _spec_of(item) -> Optional[LabSpec]:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("lab_spec") if callspec else None
+
+
+def unmet_requirement(mark, caps: DeviceCaps) -> Optional[str]:
+    """Why a device does not meet @requires(...), or None if it does."""
+    dev = f"device {caps.name} (personality {caps.personality})"
+    for feature in mark.args:
+        if feature not in FEATURES:
+            raise pytest.UsageError(f"requires({feature!r}): unknown feature; "
+                                    f"known: {', '.join(FEATURES)}")
+        if not getattr(caps, feature):
+            return f"requires {feature}: {dev} has no {FEATURES[feature]}"
+    unknown = set(mark.kwargs) - {"transport", "event"}
+    if unknown:
+        raise pytest.UsageError(f"requires(): unknown keyword(s) {sorted(unknown)}; "
+                                "known: transport, event")
+    transports = _as_list(mark.kwargs.get("transport"))
+    if transports:
+        wanted = [parse(_core.Transport, t, "transport").name for t in transports]
+        if caps.transport not in wanted:
+            return f"requires transport={'|'.join(wanted)}: {dev} is {caps.transport}"
+    for event in _as_list(mark.kwargs.get("event")):
+        ev = parse(_core.AsyncEventType, event, "async event type").name
+        if caps.raises_event(ev) is False:  # None: the device does not say; run and see
+            return f"requires event={ev}: {dev} does not raise {ev}"
+    return None
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Turns unmet @requires into skip marks, so a skip points at the test itself."""
+    for item in items:
+        spec = _spec_of(item)
+        if spec is None:
+            continue
+        for mark in item.iter_markers("requires"):
+            reason = unmet_requirement(mark, spec.caps())
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _spec_of(item) is None and item.get_closest_marker("requires") is not None:
+        pytest.fail(f"{item.nodeid}: @requires needs a lab (use the lab, hosts or lab_factory "
+                    "fixture)", pytrace=False)
+
+
+# -- reporting
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    spec = _spec_of(item)
+    if spec is None:
+        return
+    seed = item.config.stash[_SETTINGS].seed
+    phases = item.stash.setdefault(_PHASES, {})
+    phases[rep.when] = rep.outcome
+    if rep.failed:
+        text = f"seed {seed} on {spec.option}\nreplay: {replay_command(item, spec, seed)}"
+        rep.sections.append(("rdmalab", text))
+        item.config.stash[_FAILURES].append((item.nodeid, replay_command(item, spec, seed)))
+    if rep.when == "teardown":
+        try:
+            device = spec.caps().name
+        except Exception as e:  # the table still gets a row
+            device = f"? ({e})"
+        item.user_properties += [("backend", spec.backend), ("personality", spec.personality),
+                                 ("device", device), ("seed", seed),
+                                 ("outcome", final_outcome(phases))]
+        rep.user_properties = list(item.user_properties)
+
+
+def final_outcome(phases: dict) -> str:
+    if phases.get("call") == "failed":
+        return "failed"
+    if "failed" in phases.values():
+        return "error"
+    if "skipped" in phases.values():
+        return "skipped"
+    return "passed"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    failures = config.stash.get(_FAILURES, [])
+    if not failures:
+        return
+    terminalreporter.section("rdmalab: replay failures")
+    for nodeid, command in dict(failures).items():
+        terminalreporter.write_line(f"{nodeid}\n    {command}")
+
+
+# -- wall-clock safety net
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timeout = item.config.stash[_SETTINGS].timeout_s
+    if (timeout <= 0 or not hasattr(signal, "SIGALRM")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise WallClockTimeout(f"{item.nodeid} ran longer than {timeout:g} s of wall-clock time "
+                               "(rdmalab safety net, --rdmalab-timeout)")
+
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, timeout)
+    # If the engine never returns to Python the alarm cannot be raised: dump every thread's
+    # stack and exit rather than hang the run.
+    try:
+        faulthandler.dump_traceback_later(timeout + HARD_TIMEOUT_GRACE_S, exit=True,
+                                          file=sys.__stderr__)
+    except (AttributeError, OSError, ValueError):  # no real stderr: only the soft net
+        pass
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_timer[0] > 0:  # an outer session's net (pytester runs nest sessions)
+            signal.setitimer(signal.ITIMER_REAL, old_timer[0])

@@ -1,0 +1,86 @@
+"""The result table of a run, read from pytest's JUnit XML: one row per scenario, one column
+per lab (backend-personality), each cell passed / FAILED / ERROR / skipped, then the skip
+reasons and the failures with their replay commands."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import xml.etree.ElementTree as ET
+from typing import Optional
+
+
+@dataclasses.dataclass
+class Result:
+    scenario: str
+    column: str
+    outcome: str  # passed, failed, error, skipped
+    message: str
+    properties: dict
+
+
+def read_junit(path: str) -> list[Result]:
+    results = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        outcome, message = "passed", ""
+        for tag, name in (("skipped", "skipped"), ("error", "error"), ("failure", "failed")):
+            node = case.find(tag)
+            if node is not None:
+                outcome, message = name, node.get("message") or ""
+        scenario, column = split_name(case.get("classname", ""), case.get("name", ""), props)
+        results.append(Result(scenario, column, outcome, message, props))
+    return results
+
+
+def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:
+    """("test_x.test_y[model-ib]", props) -> ("test_x::test_y", "model-ib")."""
+    module = classname.rsplit(".", 1)[-1] if classname else ""
+    base, _, params = name.partition("[")
+    params = params.rstrip("]")
+    column = "-"
+    if "backend" in props and "personality" in props:
+        column = f"{props['backend']}-{props['personality']}"
+        rest = re.sub(r"(^|-)" + re.escape(column) + r"($|-)", "-", params).strip("-")
+        params = rest
+    row = f"{module}::{base}" if module else base
+    return (f"{row}[{params}]" if params else row), column
+
+
+CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped"}
+
+
+def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
+    if not results:
+        return "no test results\n"
+    rows = list(dict.fromkeys(r.scenario for r in results))  # in the order they ran
+    cols = sorted({r.column for r in results})
+    cell = {(r.scenario, r.column): r for r in results}
+    width0 = max(len("scenario"), *(len(r) for r in rows))
+    widths = [max(len(c), 7) for c in cols]
+    out = ["scenario".ljust(width0) + "  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    out.append("-" * len(out[0]))
+    for row in rows:
+        cells = []
+        for col, w in zip(cols, widths):
+            r = cell.get((row, col))
+            cells.append((CELL.get(r.outcome, r.outcome) if r else "").ljust(w))
+        out.append(row.ljust(width0) + "  " + "  ".join(cells).rstrip())
+    counts = {k: sum(1 for r in results if r.outcome == k) for k in CELL}
+    out.append("")
+    out.append(", ".join(f"{n} {k}" for k, n in counts.items() if n) or "nothing ran")
+    skipped = [r for r in results if r.outcome == "skipped"]
+    if skipped:
+        out.append("\nskipped:")
+        out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in skipped]
+    bad = [r for r in results if r.outcome in ("failed", "error")]
+    if bad:
+        out.append("\nfailed:")
+        for r in bad:
+            first = r.message.splitlines()[0] if r.message else ""
+            out.append(f"  {r.scenario} [{r.column}] seed {r.properties.get('seed', '?')}: {first}")
+    return "\n".join(out) + "\n"
+
+
+def failed(results: list[Result]) -> bool:
+    return any(r.outcome in ("failed", "error") for r in results)

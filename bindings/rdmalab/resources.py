@@ -1,0 +1,179 @@
+"""Resource sets in the manner of pyverbs' RCResources/XRCResources: one class builds what a
+side needs and brings its QP up, so a scenario reads as a few lines.
+
+    pair = RCPair(lab)                      # hosts "a" and "b", connected RC QPs
+    pair.b.post_recv(length=64)
+    pair.a.post_send(length=64)
+    assert pair.b.wait_completions(1)
+
+Every post and poll goes through a stack.Traffic, so `player.traffic.check()` proves each WR
+ended exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import stack
+from .names import sec
+from .verbs import WC
+
+RDMA_ACCESS = "LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ"
+
+
+class Player:
+    """One side: a process on a host with its context, PD, CQ, MR, optional SRQ and a QP."""
+
+    def __init__(self, lab, host, *, process: str = "player", device: str = "", qp_type="RC",
+                 mr_size: int = 4096, cqe: int = 64, access=RDMA_ACCESS, srq: bool = False,
+                 max_send_wr: int = 16, max_recv_wr: int = 16, psn: int = 0):
+        self.lab = lab
+        self.host = lab.host(host) if isinstance(host, str) else host
+        self.proc = self.host.process(process)
+        self.ctx = self.proc.open_device(device)
+        self.pd = self.ctx.alloc_pd()
+        self.cq = self.ctx.create_cq(cqe)
+        self.mr = self.ctx.reg_mr(self.pd, mr_size, access)
+        self.srq = self.ctx.create_srq(self.pd, max_wr=max_recv_wr) if srq else None
+        self.qp = self.ctx.create_qp(self.pd, qp_type, cq=self.cq, srq=self.srq,
+                                     max_send_wr=max_send_wr, max_recv_wr=max_recv_wr)
+        self.psn = psn
+        self.traffic = stack.Traffic(lab, self.host.name)
+
+    @property
+    def endpoint(self) -> stack.Endpoint:
+        return stack.local_endpoint(self.qp, self.psn)
+
+    def post_send(self, length: int = 64, offset: int = 0, opcode="SEND", wr_id: int = 0,
+                  peer: Optional["Player"] = None, **kw) -> int:
+        """Posts from this side's MR; peer= targets the peer's MR for RDMA opcodes."""
+        if peer is not None:
+            kw.setdefault("remote_addr", peer.mr.addr)
+            kw.setdefault("rkey", peer.mr.rkey)
+        sge = self.mr.sge(offset, length) if length else None
+        return self.traffic.post_send(self.qp, wr_id, opcode, sge, **kw)
+
+    def post_recv(self, length: int = 64, offset: int = 0, wr_id: int = 0) -> int:
+        sge = self.mr.sge(offset, length) if length else None
+        if self.srq is not None:
+            return self.traffic.post_srq_recv(self.srq, wr_id, sge)
+        return self.traffic.post_recv(self.qp, wr_id, sge)
+
+    def poll(self, n: int = 32) -> list[WC]:
+        return self.traffic.poll(self.cq, n)
+
+    def wait_completions(self, n: int, timeout_ns: int = sec(1)) -> bool:
+        return self.traffic.wait_completions(self.cq, n, timeout_ns)
+
+    def drain(self, timeout_ns: int = sec(1), dispatcher=None) -> stack.DrainReport:
+        return stack.drain(self.lab, self.qp, self.traffic, self.cq, self.cq, timeout_ns,
+                           dispatcher, self.srq)
+
+    def __repr__(self) -> str:
+        return f"<Player {self.host.name}/{self.proc.name} {self.qp!r}>"
+
+
+class RCPair:
+    """Two RC players on two hosts with their QPs in RTS towards each other."""
+
+    def __init__(self, lab, a="a", b="b", *, connect: bool = True, params=None, **player_kw):
+        psn_a = player_kw.pop("psn_a", 0x100)
+        psn_b = player_kw.pop("psn_b", 0x200)
+        self.lab = lab
+        self.a = Player(lab, a, process=player_kw.pop("process_a", "player-a"), psn=psn_a,
+                        **player_kw)
+        self.b = Player(lab, b, process=player_kw.pop("process_b", "player-b"), psn=psn_b,
+                        **player_kw)
+        self.params = params
+        if connect:
+            self.connect()
+
+    @property
+    def players(self) -> tuple[Player, Player]:
+        return self.a, self.b
+
+    def connect(self) -> None:
+        ep_a, ep_b = self.a.endpoint, self.b.endpoint
+        stack.bring_up(self.a.qp, ep_a, ep_b, self.params)
+        stack.bring_up(self.b.qp, ep_b, ep_a, self.params)
+
+
+class XrcReceiver:
+    """The receiving host of XRC (seed 003): an XRC domain shared through `path`, XRC SRQs
+    and the TGT QP (XRC_RECV). Other processes join with open_in()."""
+
+    def __init__(self, lab, host, *, path: str = "/tmp/rdmalab-xrcd", process: str = "xrc-tgt",
+                 n_srq: int = 2, max_wr: int = 32, mr_size: int = 4096, cqe: int = 64,
+                 psn: int = 0x300):
+        self.lab = lab
+        self.host = lab.host(host) if isinstance(host, str) else host
+        self.path, self.psn = path, psn
+        self.proc = self.host.process(process)
+        self.ctx = self.proc.open_device()
+        self.pd = self.ctx.alloc_pd()
+        self.cq = self.ctx.create_cq(cqe)
+        self.mr = self.ctx.reg_mr(self.pd, mr_size, RDMA_ACCESS)
+        self.xrcd = self.ctx.open_xrcd(path, create=True)
+        self.srqs = [self.ctx.create_srq_xrc(self.pd, self.xrcd, self.cq, max_wr=max_wr)
+                     for _ in range(n_srq)]
+        self.qp = self.ctx.create_qp(None, "XRC_RECV", xrcd=self.xrcd)
+        self.traffic = stack.Traffic(lab, self.host.name)
+
+    @property
+    def endpoint(self) -> stack.Endpoint:
+        return stack.local_endpoint(self.qp, self.psn)
+
+    def post_recv(self, srq_index: int = 0, length: int = 64, wr_id: int = 0) -> int:
+        sge = self.mr.sge(0, length) if length else None
+        return self.traffic.post_srq_recv(self.srqs[srq_index], wr_id, sge)
+
+    def open_in(self, process: str):
+        """Another process on the host opens the domain and a handle on the TGT QP."""
+        proc = self.host.process(process)
+        ctx = proc.open_device()
+        xrcd = ctx.open_xrcd(self.path, create=False)
+        return proc, ctx, xrcd, ctx.open_qp(xrcd, self.qp.qp_num)
+
+
+class XrcSender:
+    """The sending side: an XRC_SEND (INI) QP; each post names the target SRQ."""
+
+    def __init__(self, lab, host, *, process: str = "xrc-ini", mr_size: int = 4096,
+                 cqe: int = 64, max_send_wr: int = 16, psn: int = 0x400):
+        self.lab = lab
+        self.host = lab.host(host) if isinstance(host, str) else host
+        self.psn = psn
+        self.proc = self.host.process(process)
+        self.ctx = self.proc.open_device()
+        self.pd = self.ctx.alloc_pd()
+        self.cq = self.ctx.create_cq(cqe)
+        self.mr = self.ctx.reg_mr(self.pd, mr_size, RDMA_ACCESS)
+        self.qp = self.ctx.create_qp(self.pd, "XRC_SEND", cq=self.cq, max_send_wr=max_send_wr,
+                                     max_recv_wr=0)
+        self.traffic = stack.Traffic(lab, self.host.name)
+
+    @property
+    def endpoint(self) -> stack.Endpoint:
+        return stack.local_endpoint(self.qp, self.psn)
+
+    def post_send(self, srq, length: int = 64, wr_id: int = 0, **kw) -> int:
+        """Sends to an XRC SRQ (an Srq or its srq_num) on the receiving host."""
+        srqn = srq if isinstance(srq, int) else srq.srq_num
+        sge = self.mr.sge(0, length) if length else None
+        return self.traffic.post_send(self.qp, wr_id, "SEND", sge, remote_srqn=srqn, **kw)
+
+    def wait_completions(self, n: int, timeout_ns: int = sec(1)) -> bool:
+        return self.traffic.wait_completions(self.cq, n, timeout_ns)
+
+
+class XrcPair:
+    """An XrcSender on host a connected to an XrcReceiver's TGT QP on host b."""
+
+    def __init__(self, lab, a="a", b="b", *, path: str = "/tmp/rdmalab-xrcd", n_srq: int = 2,
+                 params=None):
+        self.lab = lab
+        self.receiver = XrcReceiver(lab, b, path=path, n_srq=n_srq)
+        self.sender = XrcSender(lab, a)
+        ep_s, ep_r = self.sender.endpoint, self.receiver.endpoint
+        stack.bring_up(self.sender.qp, ep_s, ep_r, params)
+        stack.bring_up(self.receiver.qp, ep_r, ep_s, params)

@@ -1,0 +1,174 @@
+"""The stack helpers of core/stack over the Python objects: QP bring-up, exactly-once
+traffic accounting, the async event dispatcher and the portable drain. Timeouts are relative
+(ns from now); enums are strings."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+from . import _core
+from .errors import raise_parked
+from .names import name, parse, sec
+from .requests import make_recv_wr, make_send_wr
+from .verbs import WC, AsyncEvent, Context, Cq, Qp, Srq, unwrap
+
+Endpoint = _core.Endpoint
+LedgerReport = _core.LedgerReport
+DrainReport = _core.DrainReport
+
+
+def _run(fn: Callable, *args):
+    result = fn(*args)
+    raise_parked()
+    return result
+
+
+def rc_params(**kw) -> _core.RcParams:
+    """RcParams from keywords (path_mtu, timeout, retry_cnt, rnr_retry, min_rnr_timer,
+    max_rd_atomic, max_dest_rd_atomic, access, qkey, pkey_index)."""
+    from .names import access_flags
+    p = _core.RcParams()
+    for key, value in kw.items():
+        if not hasattr(p, key):
+            raise TypeError(f"unknown RC parameter {key!r}")
+        setattr(p, key, access_flags(value) if key == "access" else value)
+    return p
+
+
+def local_endpoint(qp: Qp, psn: int = 0) -> Endpoint:
+    """What a peer needs to reach qp (QPN, PSN, GID, transport)."""
+    return _run(_core.local_endpoint, unwrap(qp.ctx), unwrap(qp), psn)
+
+
+def bring_up(qp: Qp, local: Endpoint, remote: Endpoint, params=None) -> None:
+    """RESET -> INIT -> RTR -> RTS (XRC_RECV stops at RTR) with the attributes its type needs."""
+    if params is None:
+        params = _core.RcParams()
+    elif isinstance(params, dict):
+        params = rc_params(**params)
+    _run(_core.bring_up, unwrap(qp), local, remote, params)
+
+
+def connect(qp_a: Qp, qp_b: Qp, psn_a: int = 0, psn_b: int = 0, params=None) -> None:
+    """Brings two QPs up towards each other (endpoints exchanged out of band)."""
+    ep_a, ep_b = local_endpoint(qp_a, psn_a), local_endpoint(qp_b, psn_b)
+    bring_up(qp_a, ep_a, ep_b, params)
+    bring_up(qp_b, ep_b, ep_a, params)
+
+
+class Traffic:
+    """Posting and polling through a completion ledger: every WR gets a unique wr_id (when
+    given 0) and exactly one outcome. check() reports violations and unknown outcomes."""
+
+    def __init__(self, lab, host: str = ""):
+        self.lab = lab
+        self.ledger = _core.CompletionLedger(lab._o, host)
+        self._o = _core.Traffic(lab._o, self.ledger, host)
+
+    def post_send(self, qp: Qp, wr_id: int = 0, opcode="SEND", sge=None, **kw) -> int:
+        return _run(self._o.post_send, unwrap(qp), make_send_wr(wr_id, opcode, sge, **kw))
+
+    def post_recv(self, qp: Qp, wr_id: int = 0, sge=None) -> int:
+        return _run(self._o.post_recv, unwrap(qp), make_recv_wr(wr_id, sge))
+
+    def post_srq_recv(self, srq: Srq, wr_id: int = 0, sge=None) -> int:
+        return _run(self._o.post_srq_recv, unwrap(srq), make_recv_wr(wr_id, sge))
+
+    def poll(self, cq: Cq, max: int = 32) -> list[WC]:
+        return [WC.from_core(w) for w in _run(self._o.poll, unwrap(cq), max)]
+
+    def wait_completions(self, cq: Cq, n: int, timeout_ns: int = sec(1)) -> bool:
+        """Polls until n more completions came from cq; False at the timeout."""
+        o = self._o
+        return _run(lambda: o.wait_completions(unwrap(cq), n, self.lab.now_ns + timeout_ns))
+
+    def poll_until(self, cqs: Iterable[Cq], pred: Callable[[], bool],
+                   timeout_ns: int = sec(1)) -> bool:
+        o, raw = self._o, [unwrap(c) for c in cqs]
+        return _run(lambda: o.poll_until(raw, pred, self.lab.now_ns + timeout_ns))
+
+    def completions(self, since: int = 0) -> list[WC]:
+        raw = self._o.completions_since(since) if since else self._o.completions()
+        return [WC.from_core(w) for w in raw]
+
+    def outstanding(self, qp_or_label, queue="SQ") -> int:
+        q = parse(_core.WorkQueue, queue, "work queue")
+        key = qp_or_label if isinstance(qp_or_label, str) else unwrap(qp_or_label).qp_num
+        return self.ledger.outstanding(key, q)
+
+    def check(self) -> LedgerReport:
+        return self.ledger.check()
+
+
+class Dispatcher:
+    """Async events with seed 002's lifetime rules: per-object ordered handlers, none after
+    destroy, destroy waits for handlers in flight. Handlers get an rdmalab AsyncEvent.
+    Use as a context manager (start/stop)."""
+
+    def __init__(self, lab, ctx: Context, host: str = "", workers: int = 2):
+        self.lab, self.ctx = lab, ctx
+        self._o = _core.AsyncDispatcher(lab._o, unwrap(ctx), host or ctx.process.host.name,
+                                        workers)
+
+    def start(self) -> "Dispatcher":
+        _run(self._o.start)
+        return self
+
+    def stop(self, timeout_ns: int = sec(1)) -> None:
+        o = self._o
+        _run(lambda: o.stop(self.lab.now_ns + timeout_ns))
+
+    @property
+    def running(self) -> bool:
+        return self._o.running
+
+    def watch(self, obj, handler: Callable[[AsyncEvent], None]) -> None:
+        self._o.watch(unwrap(obj), lambda ev: handler(AsyncEvent.from_core(ev)))
+
+    def set_default_handler(self, handler: Callable[[AsyncEvent], None]) -> None:
+        self._o.set_default_handler(lambda ev: handler(AsyncEvent.from_core(ev)))
+
+    def destroy(self, obj, timeout_ns: int = sec(1)) -> None:
+        """Destroys a watched QP, SRQ or CQ after its handlers are done (seed 002 order)."""
+        verb = {Qp: self._o.destroy_qp, Srq: self._o.destroy_srq, Cq: self._o.destroy_cq}.get(
+            type(obj))
+        if verb is None:
+            raise TypeError(f"destroy takes a Qp, Srq or Cq, got {type(obj).__name__}")
+        _run(lambda: verb(unwrap(obj), self.lab.now_ns + timeout_ns))
+
+    def wait_event(self, obj, event_type, timeout_ns: int = sec(1), min_count: int = 1) -> bool:
+        t = parse(_core.AsyncEventType, event_type, "async event type")
+        o = self._o
+        return _run(lambda: o.wait_event(unwrap(obj).id, t, self.lab.now_ns + timeout_ns,
+                                         min_count))
+
+    def count_events(self, obj, event_type) -> int:
+        t = parse(_core.AsyncEventType, event_type, "async event type")
+        return self._o.count_events(unwrap(obj).id, t)
+
+    def events_for(self, obj) -> list[AsyncEvent]:
+        return [AsyncEvent.from_core(e) for e in self._o.events_for(unwrap(obj).id)]
+
+    def stats(self) -> _core.DispatcherStats:
+        return self._o.stats()
+
+    def __enter__(self) -> "Dispatcher":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def drain(lab, qp: Qp, traffic: Traffic, send_cq: Cq, recv_cq: Optional[Cq] = None,
+          timeout_ns: int = sec(1), dispatcher: Optional[Dispatcher] = None,
+          srq: Optional[Srq] = None) -> DrainReport:
+    """The portable drain (seed 000): ERR, markers or counting, poll until all flushed."""
+    recv_cq = send_cq if recv_cq is None else recv_cq
+    d = None if dispatcher is None else dispatcher._o
+    deadline = lab.now_ns + timeout_ns
+    return _run(_core.drain_qp, lab._o, unwrap(qp), traffic._o, unwrap(send_cq), unwrap(recv_cq),
+                deadline, d, unwrap(srq))
+
+
+def outcome_name(value) -> str:
+    return name(value)

@@ -1,0 +1,337 @@
+"""The verbs objects, pyverbs-flavoured: Context, Pd, Mr, Cq, Srq, Xrcd, Qp, and the values
+they hand back (WC, AsyncEvent, DeviceCaps). Each wraps a _core object; enums are strings;
+timeouts are relative (ns from now); every call re-raises errors parked by callbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from . import _core
+from .errors import raise_parked
+from .names import access_flags, name, parse, sec
+from .requests import make_modify, make_qp_cap, make_recv_wr, make_send_wr, srq_attr
+
+DEFAULT_DESTROY_TIMEOUT_NS = sec(1)
+
+
+def unwrap(obj):
+    """The _core object behind a wrapper (or obj itself)."""
+    return getattr(obj, "_o", obj)
+
+
+def _run(fn: Callable, *args):
+    result = fn(*args)
+    raise_parked()
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCaps:
+    """What a device can do (types.h DeviceCaps) with enums as strings. raises empty means
+    the backend does not know which async events the device raises (real devices)."""
+    name: str
+    personality: str
+    transport: str
+    xrc: bool
+    srq: bool
+    ud: bool
+    node_guid: int
+    max_qp: int
+    max_qp_wr: int
+    max_sge: int
+    max_cq: int
+    max_cqe: int
+    max_srq: int
+    max_srq_wr: int
+    max_mr: int
+    phys_port_cnt: int
+    err_post: str
+    xrc_tgt_lifetime: str
+    retry_cnt_7_infinite: bool
+    raises: tuple[str, ...]
+
+    @classmethod
+    def from_core(cls, c: _core.DeviceCaps) -> "DeviceCaps":
+        fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)}
+        for key in ("transport", "err_post", "xrc_tgt_lifetime"):
+            fields[key] = name(fields[key])
+        fields["raises"] = tuple(name(t) for t in c.raises)
+        return cls(**fields)
+
+    def raises_event(self, event) -> Optional[bool]:
+        """True/False for a known list, None where the backend does not know."""
+        ev = name(parse(_core.AsyncEventType, event, "async event type"))
+        return (ev in self.raises) if self.raises else None
+
+
+@dataclasses.dataclass(frozen=True)
+class WC:
+    """A work completion (ibv_wc); status and opcode as names ("WR_FLUSH_ERR", "RECV")."""
+    wr_id: int
+    status: str
+    opcode: str
+    vendor_err: int
+    byte_len: int
+    imm_data: int
+    qp_num: int
+    src_qp: int
+    with_imm: bool
+
+    @classmethod
+    def from_core(cls, w: _core.WorkCompletion) -> "WC":
+        return cls(w.wr_id, name(w.status), name(w.opcode), w.vendor_err, w.byte_len, w.imm_data,
+                   w.qp_num, w.src_qp, w.with_imm)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "SUCCESS"
+
+    def __repr__(self) -> str:
+        return f"WC(wr_id={self.wr_id}, {self.status}, {self.opcode}, qp_num={self.qp_num})"
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncEvent:
+    """An async event (ibv_async_event): .type ("QP_FATAL"), .kind ("QP"), the affiliated
+    object's engine id and wire numbers. Keep it to ack it."""
+    type: str
+    kind: str
+    object_id: int
+    qp_num: int
+    srq_num: int
+    port_num: int
+    seq: int
+    raw: Any = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def from_core(cls, e: _core.AsyncEvent) -> "AsyncEvent":
+        return cls(name(e.type), name(e.kind), e.object_id, e.qp_num, e.srq_num, e.port_num, e.seq,
+                   e)
+
+
+class _Obj:
+    """Common face of verbs objects: id, label ("qp:3"), destroyed; equality by engine object."""
+    _o: Any
+
+    @property
+    def id(self) -> int:
+        return self._o.id
+
+    @property
+    def label(self) -> str:
+        return self._o.label
+
+    @property
+    def destroyed(self) -> bool:
+        return self._o.destroyed
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Obj) and self._o is other._o
+
+    def __hash__(self) -> int:
+        return hash(id(self._o))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label}>"
+
+
+class Pd(_Obj):
+    def __init__(self, ctx: "Context", o):
+        self.ctx, self._o = ctx, o
+
+    def dealloc(self) -> None:
+        _run(self._o.dealloc)
+
+
+class Mr(_Obj):
+    def __init__(self, ctx: "Context", o):
+        self.ctx, self._o = ctx, o
+
+    lkey = property(lambda self: self._o.lkey)
+    rkey = property(lambda self: self._o.rkey)
+    addr = property(lambda self: self._o.addr)
+    length = property(lambda self: self._o.length)
+
+    def sge(self, offset: int = 0, length: Optional[int] = None) -> tuple[int, int, int]:
+        """(addr, length, lkey) for a slice of this MR, for post_send/post_recv."""
+        if length is None:
+            length = self.length - offset
+        return (self.addr + offset, length, self.lkey)
+
+    def read(self, offset: int = 0, length: Optional[int] = None) -> bytes:
+        return _run(self._o.read, offset, self.length - offset if length is None else length)
+
+    def write(self, offset: int, data: bytes) -> None:
+        _run(self._o.write, offset, bytes(data))
+
+    def dereg(self) -> None:
+        _run(self._o.dereg)
+
+
+class Cq(_Obj):
+    def __init__(self, ctx: "Context", o):
+        self.ctx, self._o = ctx, o
+
+    cqe = property(lambda self: self._o.cqe)
+
+    def poll(self, n: int = 16) -> list[WC]:
+        """ibv_poll_cq: up to n completions, oldest first; never blocks."""
+        return [WC.from_core(w) for w in _run(self._o.poll, n)]
+
+    def destroy(self) -> None:
+        _run(self._o.destroy)
+
+
+class Srq(_Obj):
+    def __init__(self, ctx: "Context", o):
+        self.ctx, self._o = ctx, o
+
+    srq_num = property(lambda self: self._o.srq_num)
+    is_xrc = property(lambda self: self._o.is_xrc)
+    limit = property(lambda self: self._o.limit)
+    outstanding = property(lambda self: self._o.outstanding)
+
+    def post_recv(self, wr_id: int = 0, sge=None) -> int:
+        _run(self._o.post_recv, make_recv_wr(wr_id, sge))
+        return wr_id
+
+    def arm_limit(self, srq_limit: int) -> None:
+        _run(self._o.arm_limit, srq_limit)
+
+    def destroy(self) -> None:
+        _run(self._o.destroy)
+
+
+class Xrcd(_Obj):
+    def __init__(self, ctx: "Context", o, path: str):
+        self.ctx, self._o, self.path = ctx, o, path
+
+    def close(self) -> None:
+        _run(self._o.close)
+
+
+class QpAttrView:
+    """ibv_query_qp's answer with enum fields as strings (other fields as in QpAttr)."""
+
+    def __init__(self, attr: _core.QpAttr):
+        self.raw = attr
+
+    def __getattr__(self, key: str):
+        value = getattr(self.raw, key)
+        return name(value) if key in ("qp_state", "cur_qp_state") else value
+
+    def __repr__(self) -> str:
+        return f"<QpAttr {self.qp_state}>"
+
+
+class Qp(_Obj):
+    def __init__(self, ctx: "Context", o):
+        self.ctx, self._o = ctx, o
+
+    qp_num = property(lambda self: self._o.qp_num)
+    qp_type = property(lambda self: name(self._o.qp_type))
+    state = property(lambda self: name(self._o.state))
+    is_open_handle = property(lambda self: self._o.is_open_handle)
+
+    def modify(self, *, attr_mask=None, **kw) -> None:
+        """ibv_modify_qp: qp.modify(qp_state="INIT", pkey_index=0, port_num=1,
+        qp_access_flags="LOCAL_WRITE|REMOTE_WRITE"); the mask is made from the keywords."""
+        attr, mask = make_modify(kw, attr_mask)
+        _run(self._o.modify, attr, mask)
+
+    def query(self) -> QpAttrView:
+        return QpAttrView(_run(self._o.query))
+
+    def post_send(self, wr_id: int = 0, opcode="SEND", sge=None, **kw) -> int:
+        """ibv_post_send of one WR; kw: signaled, imm_data, remote_addr, rkey, remote_qpn,
+        remote_qkey, ah, remote_srqn. Returns wr_id."""
+        _run(self._o.post_send, make_send_wr(wr_id, opcode, sge, **kw))
+        return wr_id
+
+    def post_recv(self, wr_id: int = 0, sge=None) -> int:
+        _run(self._o.post_recv, make_recv_wr(wr_id, sge))
+        return wr_id
+
+    def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
+        """ibv_destroy_qp; waits up to timeout_ns for acks of events read (EBUSY after)."""
+        o = self._o
+        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
+
+
+class Context(_Obj):
+    """An open device (ibv_context) of a process."""
+
+    def __init__(self, process, o):
+        self.process, self._o = process, o
+
+    @property
+    def lab(self):
+        return self.process.host.lab
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps.from_core(self._o.caps)
+
+    def query_gid(self, port_num: int = 1, index: int = 0) -> _core.Gid:
+        return _run(self._o.query_gid, port_num, index)
+
+    def query_port(self, port_num: int = 1) -> str:
+        return name(_run(self._o.query_port, port_num))
+
+    def alloc_pd(self) -> Pd:
+        return Pd(self, _run(self._o.alloc_pd))
+
+    def reg_mr(self, pd: Pd, length: int, access="LOCAL_WRITE") -> Mr:
+        return Mr(self, _run(self._o.reg_mr, unwrap(pd), length, access_flags(access)))
+
+    def create_cq(self, cqe: int = 64) -> Cq:
+        return Cq(self, _run(self._o.create_cq, cqe))
+
+    def create_srq(self, pd: Pd, max_wr: int = 64, max_sge: int = 1, srq_limit: int = 0) -> Srq:
+        attr = srq_attr(max_wr, max_sge, srq_limit)
+        return Srq(self, _run(self._o.create_srq, unwrap(pd), attr))
+
+    def create_srq_xrc(self, pd: Pd, xrcd: Xrcd, cq: Cq, max_wr: int = 64, max_sge: int = 1,
+                       srq_limit: int = 0) -> Srq:
+        attr = srq_attr(max_wr, max_sge, srq_limit)
+        return Srq(self, _run(self._o.create_srq_xrc, unwrap(pd), unwrap(xrcd), unwrap(cq), attr))
+
+    def open_xrcd(self, path: str = "", create: bool = True, excl: bool = False) -> Xrcd:
+        """ibv_open_xrcd: path names the shared inode ("" = fd -1); create/excl = O_CREAT/O_EXCL."""
+        return Xrcd(self, _run(self._o.open_xrcd, path, create, excl), path)
+
+    def create_qp(self, pd: Optional[Pd] = None, qp_type="RC", *, send_cq: Optional[Cq] = None,
+                  recv_cq: Optional[Cq] = None, cq: Optional[Cq] = None, srq: Optional[Srq] = None,
+                  xrcd: Optional[Xrcd] = None, max_send_wr: int = 16, max_recv_wr: int = 16,
+                  max_send_sge: int = 1, max_recv_sge: int = 1, max_inline_data: int = 0,
+                  sq_sig_all: bool = False) -> Qp:
+        """ibv_create_qp(_ex). cq= sets both send_cq and recv_cq. XRC_RECV takes xrcd only."""
+        init = _core.QpInitAttr()
+        init.qp_type = parse(_core.QpType, qp_type, "QP type")
+        init.pd = unwrap(pd)
+        init.send_cq = unwrap(send_cq if send_cq is not None else cq)
+        init.recv_cq = unwrap(recv_cq if recv_cq is not None else cq)
+        init.srq = unwrap(srq)
+        init.xrcd = unwrap(xrcd)
+        init.cap = make_qp_cap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr,
+                               max_send_sge=max_send_sge, max_recv_sge=max_recv_sge,
+                               max_inline_data=max_inline_data)
+        init.sq_sig_all = bool(sq_sig_all)
+        return Qp(self, _run(self._o.create_qp, init))
+
+    def open_qp(self, xrcd: Xrcd, qp_num: int) -> Qp:
+        """ibv_open_qp: a handle on an existing XRC TGT QP of the domain."""
+        return Qp(self, _run(self._o.open_qp, unwrap(xrcd), qp_num))
+
+    def get_async_event(self, timeout_ns: int = 0) -> Optional[AsyncEvent]:
+        """The next unread async event, waiting up to timeout_ns; None if none came."""
+        o = self._o
+        ev = _run(lambda: o.get_async_event(self.lab.now_ns + timeout_ns))
+        return None if ev is None else AsyncEvent.from_core(ev)
+
+    def ack_async_event(self, event: AsyncEvent) -> None:
+        _run(self._o.ack_async_event, event.raw if isinstance(event, AsyncEvent) else event)
+
+    def close(self) -> None:
+        _run(self._o.close)

@@ -1,0 +1,212 @@
+// Labs, hosts and processes (lab.h), and the model lab with its fault verbs (model.h).
+// Python callables given to the engine (predicates, hooks, timers, harness threads) go
+// through PyCallback: they take the GIL and park their exceptions (bind.h).
+#include <nlohmann/json.hpp>
+
+#include "bind.h"
+#include "rdmalab/model.h"
+
+namespace rdmalab::bindings {
+
+namespace {
+
+using model::ModelLab;
+using py::arg;
+
+std::string jsonl(const std::vector<HistoryRecord>& records) {
+  std::string out;
+  for (const auto& r : records) out += r.to_json().dump() + "\n";
+  return out;
+}
+
+void bind_hosts(py::module_& m) {
+  const auto child = py::keep_alive<0, 1>();
+  py::class_<Process, std::shared_ptr<Process>>(m, "Process")
+      .def_property_readonly("name", &Process::name)
+      .def_property_readonly("pid", &Process::pid)
+      .def_property_readonly("alive", py::cpp_function(&Process::alive, kRelease))
+      .def(
+          "open_device",
+          [](Process& p, const std::string& name) { return gil_free_delete(p.open_device(name)); },
+          arg("device_name") = "", kRelease, child)
+      .def("kill", &Process::kill, kRelease);
+
+  py::class_<Host, std::shared_ptr<Host>>(m, "Host")
+      .def_property_readonly("name", &Host::name)
+      .def("device_names", &Host::device_names, kRelease)
+      .def("device_caps", &Host::device_caps, arg("device_name"), kRelease)
+      .def(
+          "create_process",
+          [](Host& h, const std::string& name) { return gil_free_delete(h.create_process(name)); },
+          arg("name"), kRelease, child)
+      .def("processes", &Host::processes, kRelease);
+}
+
+void bind_lab_class(py::module_& m) {
+  py::class_<Lab, std::shared_ptr<Lab>>(m, "Lab")
+      .def_property_readonly("backend", &Lab::backend)
+      .def_property_readonly("seed", &Lab::seed)
+      .def_property_readonly("now_ns", [](Lab& l) { return l.runtime().now_ns(); })
+      .def_property_readonly("stopping", [](Lab& l) { return l.runtime().stopping(); })
+      .def("hosts", &Lab::hosts, kRelease)
+      .def("host", &Lab::host, arg("name"), kRelease, py::keep_alive<0, 1>())
+      .def("shutdown", &Lab::shutdown, kRelease)
+      // Blocks the controller until pred() or the deadline; a raising pred ends the wait
+      // (its error is parked). In the model time advances while it waits.
+      .def(
+          "wait_until",
+          [](const std::shared_ptr<Lab>& lab, const py::object& pred, TimeNs deadline_ns) {
+            auto cb = make_callback(pred, "wait_until predicate", lab);
+            if (!cb) throw py::type_error("wait_until: pred must be callable");
+            py::gil_scoped_release release;
+            return lab->runtime().wait_until([&cb] { return cb->call<bool>(true); }, deadline_ns);
+          },
+          arg("pred"), arg("deadline_ns"))
+      .def(
+          "sleep_for", [](Lab& l, TimeNs d) { l.runtime().sleep_for(d); }, arg("duration_ns"),
+          kRelease)
+      // A harness thread running a Python function (in the model: a simulated thread).
+      .def(
+          "spawn",
+          [](const std::shared_ptr<Lab>& lab, const std::string& name, const py::object& fn) {
+            auto cb = make_callback(fn, "thread " + name, lab);
+            if (!cb) throw py::type_error("spawn: fn must be callable");
+            py::gil_scoped_release release;
+            lab->runtime().spawn(name, [cb] { cb->call_void(); });
+          },
+          arg("name"), arg("fn"))
+      .def(
+          "history_jsonl", [](Lab& l) { return l.history().to_jsonl(); }, kRelease)
+      .def(
+          "history_since_jsonl", [](Lab& l, uint64_t seq) { return jsonl(l.history().since(seq)); },
+          arg("seq"), kRelease)
+      .def("history_size", [](Lab& l) { return l.history().size(); })
+      .def("history_next_seq", [](Lab& l) { return l.history().next_seq(); })
+      .def(
+          "record",
+          [](Lab& l, const std::string& host, const std::string& object, const std::string& kind,
+             const std::string& data_json) {
+            return l.history().record(host, object, kind, nlohmann::json::parse(data_json));
+          },
+          arg("host"), arg("object"), arg("kind"), arg("data_json") = "{}", kRelease);
+}
+
+void bind_model_structs(py::module_& m) {
+  py::class_<model::HostSpec>(m, "HostSpec")
+      .def(py::init<>())
+      .def_readwrite("name", &model::HostSpec::name)
+      .def_readwrite("personality", &model::HostSpec::personality)
+      .def_readwrite("xrc_tgt_lifetime", &model::HostSpec::xrc_tgt_lifetime);
+  py::class_<model::FabricOptions>(m, "FabricOptions")
+      .def(py::init<>())
+      .def_readwrite("latency_ns", &model::FabricOptions::latency_ns)
+      .def_readwrite("jitter_ns", &model::FabricOptions::jitter_ns)
+      .def_readwrite("loss_ppm", &model::FabricOptions::loss_ppm);
+  py::class_<model::LabOptions>(m, "LabOptions")
+      .def(py::init<>())
+      .def_readwrite("seed", &model::LabOptions::seed)
+      .def_readwrite("hosts", &model::LabOptions::hosts)
+      .def_readwrite("fabric", &model::LabOptions::fabric);
+
+  py::class_<model::Packet>(m, "Packet")
+      .def(py::init<>())
+      .def_readwrite("id", &model::Packet::id)
+      .def_readwrite("src_host", &model::Packet::src_host)
+      .def_readwrite("dst_host", &model::Packet::dst_host)
+      .def_readwrite("opcode", &model::Packet::opcode)
+      .def_readwrite("dest_qpn", &model::Packet::dest_qpn)
+      .def_readwrite("src_qpn", &model::Packet::src_qpn)
+      .def_readwrite("psn", &model::Packet::psn)
+      .def_readwrite("length", &model::Packet::length)
+      .def_readwrite("syndrome", &model::Packet::syndrome)
+      .def_readwrite("mad_attr_id", &model::Packet::mad_attr_id)
+      .def("__repr__", [](const model::Packet& p) {
+        return "<Packet " + std::to_string(p.id) + " " + p.src_host + "->" + p.dst_host + " " +
+               p.opcode + " dest_qpn=" + std::to_string(p.dest_qpn) +
+               " psn=" + std::to_string(p.psn) + ">";
+      });
+  py::enum_<model::PacketAction>(m, "PacketAction")
+      .value("DELIVER", model::PacketAction::DELIVER)
+      .value("DROP", model::PacketAction::DROP)
+      .value("DELAY", model::PacketAction::DELAY)
+      .value("DUPLICATE", model::PacketAction::DUPLICATE);
+  py::class_<model::PacketVerdict>(m, "PacketVerdict")
+      .def(py::init<>())
+      .def(py::init([](model::PacketAction a, TimeNs d) {
+             return model::PacketVerdict{a, d};
+           }),
+           arg("action"), arg("delay_ns") = 0)
+      .def_readwrite("action", &model::PacketVerdict::action)
+      .def_readwrite("delay_ns", &model::PacketVerdict::delay_ns);
+  py::class_<model::VerbCall>(m, "VerbCall")
+      .def(py::init<>())
+      .def_readwrite("host", &model::VerbCall::host)
+      .def_readwrite("verb", &model::VerbCall::verb)
+      .def_readwrite("object", &model::VerbCall::object)
+      .def_readwrite("qp_num", &model::VerbCall::qp_num)
+      .def("__repr__", [](const model::VerbCall& v) {
+        return "<VerbCall " + v.host + " " + v.verb + " " + v.object + ">";
+      });
+}
+
+void bind_model_lab(py::module_& m) {
+  py::class_<ModelLab, Lab, std::shared_ptr<ModelLab>>(m, "ModelLab")
+      .def("run_until", &ModelLab::run_until, arg("deadline_ns"), kRelease)
+      .def("run_for", &ModelLab::run_for, arg("duration_ns"), kRelease)
+      .def(
+          "at",
+          [](const std::shared_ptr<ModelLab>& lab, TimeNs t_ns, const py::object& fn) {
+            auto cb = make_callback(fn, "at(" + std::to_string(t_ns) + ")", lab);
+            if (!cb) throw py::type_error("at: fn must be callable");
+            py::gil_scoped_release release;
+            lab->at(t_ns, [cb] { cb->call_void(); });
+          },
+          arg("t_ns"), arg("fn"))
+      .def(
+          "set_packet_hook",
+          [](const std::shared_ptr<ModelLab>& lab, const py::object& fn) {
+            auto cb = make_callback(fn, "packet hook", lab);
+            model::PacketHook hook;
+            if (cb) {
+              hook = [cb](const model::Packet& p) {
+                return cb->call<model::PacketVerdict>(model::PacketVerdict{}, p);
+              };
+            }
+            py::gil_scoped_release release;
+            lab->set_packet_hook(std::move(hook));
+          },
+          arg("hook"))
+      .def(
+          "set_verb_hook",
+          [](const std::shared_ptr<ModelLab>& lab, const py::object& fn) {
+            auto cb = make_callback(fn, "verb hook", lab);
+            model::VerbHook hook;
+            if (cb) hook = [cb](const model::VerbCall& v) { cb->call_void(v); };
+            py::gil_scoped_release release;
+            lab->set_verb_hook(std::move(hook));
+          },
+          arg("hook"))
+      .def("set_fabric", &ModelLab::set_fabric, arg("options"), kRelease)
+      .def("inject_async_event", &ModelLab::inject_async_event, arg("host"), arg("type"),
+           arg("number"), arg("driver_delay_ns") = 0, kRelease)
+      .def("set_port_state", &ModelLab::set_port_state, arg("host"), arg("up"), kRelease)
+      .def("device_fatal", &ModelLab::device_fatal, arg("host"), kRelease)
+      .def("fault_counts", &ModelLab::fault_counts, kRelease)
+      .def("dump_state", &ModelLab::dump_state, kRelease);
+
+  m.def(
+      "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
+      arg("options"), kRelease);
+  m.def("personalities", &model::personalities);
+}
+
+}  // namespace
+
+void bind_lab(py::module_& m) {
+  bind_hosts(m);
+  bind_lab_class(m);
+  bind_model_structs(m);
+  bind_model_lab(m);
+}
+
+}  // namespace rdmalab::bindings

@@ -1,0 +1,176 @@
+"""The pytest plugin, run on small generated test files with pytester."""
+
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from rdmalab.pytest_plugin import history_name, parse_lab_option
+
+PLUGIN = ("-p", "rdmalab.pytest_plugin")
+
+
+def run(pytester, source, *args):
+    pytester.makepyfile(test_gen=source)
+    return pytester.runpytest(*PLUGIN, *args)
+
+
+def test_lab_option_parsing():
+    assert [s.id for s in parse_lab_option("model:ib,roce")] == ["model-ib", "model-roce"]
+    assert "model-iwarp-siw" in [s.id for s in parse_lab_option("model")]
+    with pytest.raises(pytest.UsageError, match="unknown personality ibx"):
+        parse_lab_option("model:ibx")
+    with pytest.raises(pytest.UsageError, match="unknown backend 'verbs'"):
+        parse_lab_option("verbs")
+
+
+def test_history_name_is_a_safe_file_name():
+    assert history_name("tests/scenarios/test_x.py::test_y[model-ib]") == \
+        "tests.scenarios.test_x.test_y-model-ib"
+    assert "/" not in history_name("a/b.py::C::d[x y/z]")
+
+
+def test_lab_fixture_is_parametrized_by_personality(pytester):
+    result = run(pytester, """
+        def test_two_hosts(lab, hosts, personality):
+            assert [h.name for h in hosts] == ["a", "b"]
+            assert lab.host("a").caps().personality == personality
+    """, "--lab", "model:ib,roce", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_two_hosts[[]model-ib[]] PASSED*",
+                                 "*test_two_hosts[[]model-roce[]] PASSED*"])
+
+
+def test_requires_skips_naming_the_missing_capability(pytester):
+    result = run(pytester, """
+        import pytest
+
+        @pytest.mark.requires("xrc")
+        def test_xrc(lab):
+            pass
+
+        @pytest.mark.requires(transport="iWARP")
+        def test_iwarp(lab):
+            pass
+
+        @pytest.mark.requires(event="QP_FATAL")
+        def test_fatal(lab):
+            pass
+    """, "--lab", "model:ib,roce", "-rs")
+    result.assert_outcomes(passed=2, skipped=4)
+    out = result.stdout.str()
+    assert re.search(r"requires xrc: device \S+ \(personality roce\) has no XRC", out)
+    assert re.search(r"requires transport=iWARP: device \S+ \(personality ib\) is IB", out)
+    assert re.search(r"requires event=QP_FATAL: device \S+ \(personality roce\) does not raise "
+                     r"QP_FATAL", out)
+    assert "PytestUnknownMarkWarning" not in out
+
+
+def test_requires_unknown_feature_is_an_error(pytester):
+    result = run(pytester, """
+        import pytest
+
+        @pytest.mark.requires("teleport")
+        def test_x(lab):
+            pass
+    """, "--lab", "model:ib")
+    assert result.ret != 0
+    assert "unknown feature" in result.stdout.str() + result.stderr.str()
+
+
+def test_failure_prints_seed_and_replay(pytester):
+    result = run(pytester, """
+        def test_fails(lab):
+            assert lab.seed == 0
+    """, "--lab", "model:ib", "--seed", "5")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*seed 5 on model:ib*",
+        "*replay: python3 -m rdmalab run --lab model:ib --seed 5 -k 'test_fails[[]model-ib[]]'*",
+    ])
+
+
+def test_hung_wait_fails_with_the_dump(pytester):
+    result = run(pytester, """
+        def test_hangs(lab):
+            lab.wait_until(lambda: False, 1000, what="the peer to reach RTS")
+    """, "--lab", "model:ib")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "Hung: waited 1000 ns for the peer to reach RTS" in out
+    assert "replay: python3 -m rdmalab run --lab model:ib --seed 1" in out
+    assert "--- state ---" in out
+
+
+def test_handler_error_fails_the_test_at_teardown(pytester):
+    result = run(pytester, """
+        def test_bad_thread(lab):
+            def body():
+                lab.sleep(10**9)  # cut short by the shutdown at teardown
+                raise ValueError("handler bug")
+            lab.spawn("t", body)
+            lab.run_for(1000)
+    """, "--lab", "model:ib")
+    result.assert_outcomes(passed=1, errors=1)
+    assert "handler bug" in result.stdout.str()
+
+
+def test_history_dir_and_junit_properties(pytester, tmp_path):
+    hist = tmp_path / "hist"
+    junit = tmp_path / "junit.xml"
+    result = run(pytester, """
+        import pytest
+
+        def test_ok(lab):
+            lab.record("hello")
+
+        @pytest.mark.requires("xrc")
+        def test_skipped(lab):
+            pass
+    """, "--lab", "model:roce", "--seed", "9", "--history-dir", str(hist),
+        "--junitxml", str(junit))
+    result.assert_outcomes(passed=1, skipped=1)
+    files = sorted(p.name for p in hist.iterdir())
+    assert files == ["test_gen.test_ok-model-roce.jsonl"]
+    assert '"kind":"hello"' in (hist / files[0]).read_text()
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["test_ok[model-roce]"]["outcome"] == "passed"
+    assert cases["test_ok[model-roce]"]["seed"] == "9"
+    assert cases["test_ok[model-roce]"]["backend"] == "model"
+    assert cases["test_ok[model-roce]"]["device"]
+    assert cases["test_skipped[model-roce]"]["outcome"] == "skipped"
+
+
+def test_wall_clock_safety_net(pytester):
+    result = run(pytester, """
+        import time
+
+        def test_slow(lab):
+            time.sleep(5)
+    """, "--lab", "model:ib", "--rdmalab-timeout", "0.5")
+    result.assert_outcomes(failed=1)
+    assert "WallClockTimeout" in result.stdout.str()
+
+
+def test_lab_factory_builds_other_shapes(pytester):
+    result = run(pytester, """
+        def test_three(lab_factory, personality):
+            lab = lab_factory(hosts=("x", "y", "z"))
+            assert sorted(lab.hosts) == ["x", "y", "z"]
+            assert {h.caps().personality for h in lab.hosts.values()} == {personality}
+            assert lab.replay.startswith("python3 -m rdmalab run")
+    """, "--lab", "model:iwarp-siw")
+    result.assert_outcomes(passed=1)
+
+
+def test_requires_without_a_lab_fails(pytester):
+    result = run(pytester, """
+        import pytest
+
+        @pytest.mark.requires("xrc")
+        def test_x():
+            pass
+    """, "--lab", "model:ib")
+    result.assert_outcomes(errors=1)
+    assert "@requires needs a lab" in result.stdout.str()

@@ -1,0 +1,199 @@
+"""Seed 000 (Steve Wise, 2015): draining a QP safely on IB and iWARP.
+
+Contract asserted on every device: after the drain every posted WR completed exactly once
+(success or WR_FLUSH_ERR), flushes came in posting order per work queue, the drain finished
+within its bound, and it took the portable path the provider allows: markers where posts in
+ERR are flushed, counting where they are refused (user-space libcxgb4).
+"""
+
+import pytest
+
+from rdmalab import ms, sec
+from rdmalab.resources import RCPair
+
+N = 128                 # WRs posted on each queue
+DRAIN_BOUND_NS = ms(100)  # a drain is local work: flushes, no wire round trips
+
+
+def expected_method(caps) -> str:
+    return "counting" if caps.err_post == "refuse" else "marker"
+
+
+def assert_exactly_once(player, still_queued=0):
+    """still_queued: receives legitimately waiting in an SRQ (they belong to the SRQ, not to
+    a drained QP, so they have no outcome yet)."""
+    report = player.traffic.check()
+    assert not report.violations, f"{player}: ledger violations {report.violations}"
+    assert report.unknown == still_queued, f"{player}: {report.unknown} WRs with no outcome"
+    accounted = report.succeeded + report.flushed + report.errored + report.implied
+    accounted += still_queued
+    assert accounted == report.posted, f"{player}: {accounted} outcomes for {report.posted} posts"
+    return report
+
+
+def warm_up(pair, n=N // 4):
+    """b gets 2n receives; a sends n of them and waits: the connection works, and b keeps n
+    receives for the burst that follows."""
+    a, b = pair.a, pair.b
+    for _ in range(2 * n):
+        b.post_recv(length=64)
+    for _ in range(n):
+        a.post_send(length=64)
+    assert a.wait_completions(n, timeout_ns=sec(2)), "warm-up SENDs did not complete"
+    assert all(wc.status == "SUCCESS" for wc in a.traffic.completions())
+
+
+def test_drain_with_many_outstanding_wrs(lab):
+    """A burst of SENDs (all with a receive waiting at b) and N receives nobody will consume,
+    drained at once: every WR ends exactly once, whether it completed or was flushed."""
+    pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    caps = pair.a.ctx.caps
+    warm_up(pair)
+    a = pair.a
+    for _ in range(N):
+        a.post_recv(length=64)
+    for _ in range(N // 4):
+        a.post_send(length=64)
+
+    report = a.drain(timeout_ns=sec(1))
+
+    assert report.complete, f"drain did not finish: {report.detail}"
+    assert report.method == expected_method(caps), report.detail
+    assert report.outstanding_rq == N
+    assert report.outstanding_sq <= N // 4
+    assert report.flushed >= N
+    assert report.order_kept
+    assert 0 < report.elapsed_ns < DRAIN_BOUND_NS
+    assert_exactly_once(a)
+    assert a.qp.state == "ERR"
+
+
+@pytest.mark.requires(transport=["IB", "RoCE"])
+def test_drain_sends_waiting_on_rnr(lab):
+    """SENDs beyond the peer's receives wait on RNR NAKs (rnr_retry 7: forever), so they are
+    certainly outstanding at the drain; they must flush, in order, exactly once."""
+    pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    warm_up(pair)                      # leaves b with N/4 receives
+    a = pair.a
+    for _ in range(N // 2):
+        a.post_send(length=64)
+    assert a.wait_completions(N // 4, timeout_ns=sec(1))
+    report = a.drain(timeout_ns=sec(1))
+    assert report.complete, report.detail
+    assert report.outstanding_sq == N // 4, "the SENDs past b's receives should wait on RNR"
+    assert report.flushed == N // 4
+    assert report.order_kept
+    assert report.elapsed_ns < DRAIN_BOUND_NS
+    assert_exactly_once(a)
+
+
+def test_drain_with_the_wire_cut(lab):
+    """Every packet from a is dropped: its SENDs wait for ACKs that never come, and the drain
+    flushes them long before the retry budget runs out."""
+    from rdmalab import FaultNotSupported
+
+    pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    warm_up(pair)
+    a = pair.a
+    try:
+        lab.faults.drop(lambda p: p.src_host == "a")
+    except FaultNotSupported as e:
+        pytest.skip(f"needs a wire fault: {e}")
+    for _ in range(N // 4):
+        a.post_send(length=64)
+    lab.run_for(ms(1))                 # retransmissions under way, nothing acknowledged
+    report = a.drain(timeout_ns=sec(1))
+    assert report.complete, report.detail
+    assert report.outstanding_sq == N // 4
+    assert report.flushed == N // 4
+    assert report.order_kept
+    assert_exactly_once(a)
+    assert lab.faults.counts().get("drop", 0) >= N // 4
+
+
+def test_drain_of_an_idle_qp_is_immediate(lab):
+    pair = RCPair(lab)
+    report = pair.a.drain(timeout_ns=sec(1))
+    assert report.complete
+    assert report.outstanding_sq == report.outstanding_rq == 0
+    assert report.flushed == 0
+    assert report.elapsed_ns < DRAIN_BOUND_NS
+    assert_exactly_once(pair.a)
+
+
+def test_both_sides_drain_after_traffic(lab):
+    pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    warm_up(pair)
+    reports = [pair.a.drain(timeout_ns=sec(1)), pair.b.drain(timeout_ns=sec(1))]
+    for player, report in zip(pair.players, reports):
+        assert report.complete, f"{player}: {report.detail}"
+        assert report.order_kept
+        assert_exactly_once(player)
+    # b never polled before its drain: it reaps the N/4 receives the warm-up consumed and
+    # flushes the N/4 left (the report leaves the drain's own markers out).
+    assert (reports[1].succeeded, reports[1].flushed) == (N // 4, N // 4)
+
+
+@pytest.mark.requires("srq")
+def test_drain_srq_attached_qp(lab):
+    """ib_drain_qp drains only the SQ of an SRQ-attached QP; the RQ side ends with
+    QP_LAST_WQE_REACHED where the device raises it (rxe raises none: the drain says so)."""
+    from rdmalab.stack import Dispatcher
+
+    pair = RCPair(lab, srq=True, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    caps = pair.b.ctx.caps
+    a, b = pair.a, pair.b
+    for _ in range(N // 2):
+        b.post_recv(length=64)            # to b's SRQ
+    for _ in range(N // 4):
+        a.post_recv(length=64)            # to a's SRQ
+    for _ in range(N // 4):
+        a.post_send(length=64)
+    assert b.wait_completions(N // 4, timeout_ns=sec(2))
+    for _ in range(N // 4):               # a burst from b, drained at once
+        b.post_send(length=64)
+
+    with Dispatcher(lab, b.ctx) as dispatcher:
+        dispatcher.watch(b.qp, lambda ev: None)
+        report = b.drain(timeout_ns=sec(1), dispatcher=dispatcher)
+
+    assert report.srq_attached
+    assert report.complete, report.detail
+    assert report.outstanding_sq <= N // 4
+    assert report.order_kept
+    raises = caps.raises_event("QP_LAST_WQE_REACHED")
+    if raises is True:
+        assert report.last_wqe_reached, report.detail
+    elif raises is False:
+        assert not report.last_wqe_reached
+        assert "LAST_WQE_REACHED" in report.detail
+    # The SRQ's unconsumed receives belong to the SRQ, not to the drained QP.
+    assert b.srq.outstanding == N // 2 - N // 4
+    assert_exactly_once(b, still_queued=b.srq.outstanding)
+
+
+@pytest.mark.requires(transport="iWARP")
+def test_iwarp_closing_with_outstanding_sends_goes_to_error(lab):
+    """iWARP SQD is RDMAC CLOSING: the SQ must be quiesced first; with SQ WRs outstanding
+    the QP goes to ERROR, and no WR may be posted in CLOSING (seed 000)."""
+    pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
+    a = pair.a
+    for _ in range(8):
+        a.post_send(length=64)            # b posted nothing: these cannot complete
+    pair.a.qp.modify(qp_state="SQD")
+    assert a.qp.state == "ERR"
+    report = a.drain(timeout_ns=sec(1))
+    assert report.complete, report.detail
+    assert_exactly_once(a)
+
+
+@pytest.mark.requires(transport="iWARP")
+def test_iwarp_no_post_in_closing(lab):
+    from rdmalab import Error
+
+    pair = RCPair(lab)
+    pair.a.qp.modify(qp_state="SQD")      # nothing outstanding: an orderly CLOSING
+    with pytest.raises(Error) as err:
+        pair.a.post_send(length=64)
+    assert err.value.verb == "ibv_post_send"
+    assert pair.a.traffic.check().posted == 0
