@@ -126,6 +126,12 @@ class Faults:
     def device_fatal(self, host) -> None:
         self._device_fault("device_fatal", self._o.device_fatal, _host_name(host))
 
+    def reboot(self, host, down_ns: int) -> None:
+        """The host loses all state at once (processes, QPs, CM state, timers) and is back
+        after down_ns with the same node GUID and first QPN; packets to it meanwhile are
+        lost, and its processes and objects from before are dead (EBADF / ESRCH)."""
+        self._device_fault("reboot", self._o.reboot, _host_name(host), down_ns)
+
     def kill(self, process) -> None:
         """SIGKILL a process (same as process.kill())."""
         process.kill()

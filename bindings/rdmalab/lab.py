@@ -17,7 +17,8 @@ import weakref
 from typing import Callable, Iterable, Mapping, Optional, Union
 
 from . import _core
-from .errors import Hung, raise_parked
+from .cm import CmChannel
+from .errors import Error, Hung, raise_parked
 from .faults import Faults, NoFaults
 from .names import parse, sec
 from .verbs import Context, DeviceCaps, unwrap
@@ -49,6 +50,12 @@ class Process:
         ctx = Context(self, self._o.open_device(device_name))
         raise_parked()
         return ctx
+
+    def event_channel(self, workers: int = 2) -> CmChannel:
+        """rdma_create_event_channel, with its event pump started (rdmalab.cm)."""
+        ch = CmChannel(self, self._o.create_event_channel(), workers)
+        raise_parked()
+        return ch
 
     def kill(self) -> None:
         self._o.kill()
@@ -96,6 +103,7 @@ class Lab:
         self._hosts = {h.name: Host(self, h) for h in core.hosts()}
         self._faults = Faults(self) if isinstance(core, _core.ModelLab) else NoFaults(self)
         self._shut = False
+        self._closers: list[Callable[[], None]] = []
         _LIVE.add(self)
 
     # -- identity
@@ -196,8 +204,18 @@ class Lab:
         if self._shut:
             return
         self._shut = True
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Error as e:  # the lab goes anyway; the history keeps what went wrong
+                self.record("shutdown_error", object="lab", error=str(e))
+        self._closers.clear()
         self._faults.clear()
         self._o.shutdown()
+
+    def _add_closer(self, fn: Callable[[], None]) -> None:
+        """fn runs at shutdown, before the engine stops (event pumps stop their threads)."""
+        self._closers.append(fn)
 
     def __enter__(self) -> "Lab":
         return self

@@ -98,6 +98,83 @@ class RCPair:
         stack.bring_up(self.b.qp, ep_b, ep_a, self.params)
 
 
+class CmSide(Player):
+    """One side of a CM connection as a Player (post_send, post_recv, wait_completions,
+    drain): .conn is the CmId, whose QP, PD and CQ the player uses, with an MR of its own."""
+
+    def __init__(self, lab, conn, *, mr_size: int = 4096, access=RDMA_ACCESS):
+        # Player's attributes, taken from the connection instead of made here.
+        self.lab, self.conn = lab, conn
+        self.proc = conn.channel.process
+        self.host = self.proc.host
+        self.ctx, self.pd, self.cq, self.qp = conn.ctx, conn.pd, conn.cq, conn.qp
+        self.mr = self.ctx.reg_mr(self.pd, mr_size, access)
+        self.srq = None
+        self.psn = 0
+        self.traffic = stack.Traffic(lab, self.host.name)
+
+    def close(self, timeout_ns: int = sec(1)) -> None:
+        """Deregisters this side's MR, then destroys the id with its QP, CQ and PD
+        (rdma_destroy_id through the pump: queued events dropped, a running handler awaited)."""
+        if not self.mr.destroyed:
+            self.mr.dereg()
+        self.conn.destroy(timeout_ns)
+
+    def __repr__(self) -> str:
+        return f"<CmSide {self.host.name}/{self.proc.name} {self.conn.label} {self.qp!r}>"
+
+
+class CmPair:
+    """A connection made through rdma_cm: the server listens on `port`, the client connects,
+    the server accepts, and both sides wait for ESTABLISHED. .client and .server are CmSides
+    (.conn is the CmId); .listener, .client_channel and .server_channel stay usable.
+
+        pair = CmPair(lab)                          # server "b", client "a"
+        pair.client.conn.disconnect()
+        pair.server.conn.wait("DISCONNECTED", ms(10))
+    """
+
+    def __init__(self, lab, server="b", client="a", *, port: int = 7471,
+                 timeout_ns: int = sec(1), timing=None, private_data: bytes = b"",
+                 accept_data: bytes = b"", process_server: str = "cm-server",
+                 process_client: str = "cm-client", mr_size: int = 4096, **kw):
+        self.lab = lab
+        self.server_channel = lab.host(_name(server)).process(process_server).event_channel()
+        self.client_channel = lab.host(_name(client)).process(process_client).event_channel()
+        self.listener = self.server_channel.listen(port)
+        conn = self.client_channel.connect(_name(server), port, timeout_ns=timeout_ns,
+                                           timing=timing, private_data=private_data, **kw)
+        req = self.listener.wait_request(timeout_ns)
+        req.accept(accept_data, timing=timing, **kw)
+        conn.wait("ESTABLISHED", timeout_ns)
+        req.wait("ESTABLISHED", timeout_ns)
+        self.client = CmSide(lab, conn, mr_size=mr_size)
+        self.server = CmSide(lab, req, mr_size=mr_size)
+
+    @property
+    def players(self) -> tuple[CmSide, CmSide]:
+        return self.client, self.server
+
+    def disconnect(self, timeout_ns: int = sec(1)) -> None:
+        """The client disconnects, the server answers the close; both see DISCONNECTED."""
+        self.client.conn.disconnect()
+        self.server.conn.wait("DISCONNECTED", timeout_ns)
+        self.server.conn.disconnect()
+        self.client.conn.wait("DISCONNECTED", timeout_ns)
+
+    def close(self, timeout_ns: int = sec(1)) -> None:
+        """Deregisters the MRs and closes both channels (every id, QP, CQ and PD)."""
+        for side in self.players:
+            if not side.mr.destroyed:
+                side.mr.dereg()
+        self.client_channel.close(timeout_ns)
+        self.server_channel.close(timeout_ns)
+
+
+def _name(host) -> str:
+    return host if isinstance(host, str) else host.name
+
+
 class XrcReceiver:
     """The receiving host of XRC (seed 003): an XRC domain shared through `path`, XRC SRQs
     and the TGT QP (XRC_RECV). Other processes join with open_in()."""

@@ -29,6 +29,9 @@ void bind_hosts(py::module_& m) {
           "open_device",
           [](Process& p, const std::string& name) { return gil_free_delete(p.open_device(name)); },
           arg("device_name") = "", kRelease, child)
+      .def(
+          "create_event_channel",
+          [](Process& p) { return gil_free_delete(p.create_event_channel()); }, kRelease, child)
       .def("kill", &Process::kill, kRelease);
 
   py::class_<Host, std::shared_ptr<Host>>(m, "Host")
@@ -191,6 +194,7 @@ void bind_model_lab(py::module_& m) {
            arg("number"), arg("driver_delay_ns") = 0, kRelease)
       .def("set_port_state", &ModelLab::set_port_state, arg("host"), arg("up"), kRelease)
       .def("device_fatal", &ModelLab::device_fatal, arg("host"), kRelease)
+      .def("reboot", &ModelLab::reboot, arg("host"), arg("down_ns"), kRelease)
       .def("fault_counts", &ModelLab::fault_counts, kRelease)
       .def("dump_state", &ModelLab::dump_state, kRelease);
 

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
   b::bind_verbs(m);
   b::bind_lab(m);
   b::bind_stack(m);
+  b::bind_cm(m);
 }

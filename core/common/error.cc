@@ -19,6 +19,9 @@ std::string format(const std::string& verb, int err, const std::string& detail) 
 }  // namespace
 
 Error::Error(std::string verb, int err, const std::string& detail)
-    : std::runtime_error(format(verb, err, detail)), verb_(std::move(verb)), errno_(err), detail_(detail) {}
+    : std::runtime_error(format(verb, err, detail)),
+      verb_(std::move(verb)),
+      errno_(err),
+      detail_(detail) {}
 
 }  // namespace rdmalab

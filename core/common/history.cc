@@ -4,7 +4,7 @@ namespace rdmalab {
 
 nlohmann::json HistoryRecord::to_json() const {
   // nlohmann::json objects keep keys sorted: the export is byte-stable for one history.
-  return nlohmann::json{{"seq", seq}, {"t_ns", t_ns}, {"host", host},
+  return nlohmann::json{{"seq", seq},       {"t_ns", t_ns}, {"host", host},
                         {"object", object}, {"kind", kind}, {"data", data}};
 }
 
@@ -19,7 +19,8 @@ HistoryRecord HistoryRecord::from_json(const nlohmann::json& j) {
   return r;
 }
 
-uint64_t History::record(std::string host, std::string object, std::string kind, nlohmann::json data) {
+uint64_t History::record(std::string host, std::string object, std::string kind,
+                         nlohmann::json data) {
   HistoryRecord copy;
   std::function<void(const HistoryRecord&)> observer;
   uint64_t seq = 0;
@@ -58,7 +59,9 @@ size_t History::size() const {
   return records_.size();
 }
 
-uint64_t History::next_seq() const { return size(); }
+uint64_t History::next_seq() const {
+  return size();
+}
 
 std::string History::to_jsonl() const {
   std::lock_guard<std::mutex> lock(mu_);

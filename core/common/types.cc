@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "rdmalab/cm.h"
 #include "rdmalab/error.h"
 
 namespace rdmalab {
@@ -24,13 +25,32 @@ constexpr std::string_view kWcOpcode[] = {"SEND", "RDMA_WRITE", "RDMA_READ", "RE
                                           "RECV_RDMA_WITH_IMM"};
 constexpr std::string_view kWrOpcode[] = {"SEND", "SEND_WITH_IMM", "RDMA_WRITE",
                                           "RDMA_WRITE_WITH_IMM", "RDMA_READ"};
-constexpr std::string_view kAsyncEvent[] = {
-    "CQ_ERR",       "QP_FATAL",          "QP_REQ_ERR",          "QP_ACCESS_ERR",     "COMM_EST",
-    "SQ_DRAINED",   "PATH_MIG",          "PATH_MIG_ERR",        "DEVICE_FATAL",      "PORT_ACTIVE",
-    "PORT_ERR",     "LID_CHANGE",        "PKEY_CHANGE",         "SM_CHANGE",         "SRQ_ERR",
-    "SRQ_LIMIT_REACHED", "QP_LAST_WQE_REACHED", "CLIENT_REREGISTER", "GID_CHANGE"};
+constexpr std::string_view kAsyncEvent[] = {"CQ_ERR",
+                                            "QP_FATAL",
+                                            "QP_REQ_ERR",
+                                            "QP_ACCESS_ERR",
+                                            "COMM_EST",
+                                            "SQ_DRAINED",
+                                            "PATH_MIG",
+                                            "PATH_MIG_ERR",
+                                            "DEVICE_FATAL",
+                                            "PORT_ACTIVE",
+                                            "PORT_ERR",
+                                            "LID_CHANGE",
+                                            "PKEY_CHANGE",
+                                            "SM_CHANGE",
+                                            "SRQ_ERR",
+                                            "SRQ_LIMIT_REACHED",
+                                            "QP_LAST_WQE_REACHED",
+                                            "CLIENT_REREGISTER",
+                                            "GID_CHANGE"};
 constexpr std::string_view kObjectKind[] = {"NONE", "DEVICE", "PORT", "CQ", "QP",
                                             "SRQ",  "XRCD",   "PD",   "MR"};
+constexpr std::string_view kCmEvent[] = {
+    "ADDR_RESOLVED",   "ADDR_ERROR",       "ROUTE_RESOLVED", "ROUTE_ERROR",
+    "CONNECT_REQUEST", "CONNECT_RESPONSE", "CONNECT_ERROR",  "UNREACHABLE",
+    "REJECTED",        "ESTABLISHED",      "DISCONNECTED",   "DEVICE_REMOVAL",
+    "MULTICAST_JOIN",  "MULTICAST_ERROR",  "ADDR_CHANGE",    "TIMEWAIT_EXIT"};
 constexpr std::string_view kXrcLifetime[] = {"handle", "xrcd", "unknown"};
 constexpr std::string_view kErrPost[] = {"flush", "refuse", "flush_at_once"};
 
@@ -47,8 +67,9 @@ E parse(const std::string_view (&names)[N], std::string_view s, const char* what
   }
   std::string allowed;
   for (size_t i = 0; i < N; ++i) allowed += (i ? ", " : "") + std::string(names[i]);
-  throw Error(std::string("parse ") + what, EINVAL,
-              "unknown " + std::string(what) + " '" + std::string(s) + "' (allowed: " + allowed + ")");
+  throw Error(
+      std::string("parse ") + what, EINVAL,
+      "unknown " + std::string(what) + " '" + std::string(s) + "' (allowed: " + allowed + ")");
 }
 
 }  // namespace
@@ -68,21 +89,55 @@ bool DeviceCaps::raises_event(AsyncEventType t) const {
   return std::find(raises.begin(), raises.end(), t) != raises.end();
 }
 
-std::string_view to_string(Transport t) { return name_of(kTransport, t); }
-std::string_view to_string(QpType t) { return name_of(kQpType, t); }
-std::string_view to_string(QpState s) { return name_of(kQpState, s); }
-std::string_view to_string(WcStatus s) { return name_of(kWcStatus, s); }
-std::string_view to_string(WcOpcode o) { return name_of(kWcOpcode, o); }
-std::string_view to_string(WrOpcode o) { return name_of(kWrOpcode, o); }
-std::string_view to_string(AsyncEventType t) { return name_of(kAsyncEvent, t); }
-std::string_view to_string(ObjectKind k) { return name_of(kObjectKind, k); }
-std::string_view to_string(XrcTgtLifetime l) { return name_of(kXrcLifetime, l); }
-std::string_view to_string(ErrPostPolicy p) { return name_of(kErrPost, p); }
+std::string_view to_string(Transport t) {
+  return name_of(kTransport, t);
+}
+std::string_view to_string(QpType t) {
+  return name_of(kQpType, t);
+}
+std::string_view to_string(QpState s) {
+  return name_of(kQpState, s);
+}
+std::string_view to_string(WcStatus s) {
+  return name_of(kWcStatus, s);
+}
+std::string_view to_string(WcOpcode o) {
+  return name_of(kWcOpcode, o);
+}
+std::string_view to_string(WrOpcode o) {
+  return name_of(kWrOpcode, o);
+}
+std::string_view to_string(AsyncEventType t) {
+  return name_of(kAsyncEvent, t);
+}
+std::string_view to_string(ObjectKind k) {
+  return name_of(kObjectKind, k);
+}
+std::string_view to_string(CmEventType t) {
+  return name_of(kCmEvent, t);
+}
+CmEventType cm_event_from_string(std::string_view s) {
+  return parse<CmEventType>(kCmEvent, s, "rdma_cm event");
+}
+std::string_view to_string(XrcTgtLifetime l) {
+  return name_of(kXrcLifetime, l);
+}
+std::string_view to_string(ErrPostPolicy p) {
+  return name_of(kErrPost, p);
+}
 
-Transport transport_from_string(std::string_view s) { return parse<Transport>(kTransport, s, "transport"); }
-QpType qp_type_from_string(std::string_view s) { return parse<QpType>(kQpType, s, "QP type"); }
-QpState qp_state_from_string(std::string_view s) { return parse<QpState>(kQpState, s, "QP state"); }
-WrOpcode wr_opcode_from_string(std::string_view s) { return parse<WrOpcode>(kWrOpcode, s, "WR opcode"); }
+Transport transport_from_string(std::string_view s) {
+  return parse<Transport>(kTransport, s, "transport");
+}
+QpType qp_type_from_string(std::string_view s) {
+  return parse<QpType>(kQpType, s, "QP type");
+}
+QpState qp_state_from_string(std::string_view s) {
+  return parse<QpState>(kQpState, s, "QP state");
+}
+WrOpcode wr_opcode_from_string(std::string_view s) {
+  return parse<WrOpcode>(kWrOpcode, s, "WR opcode");
+}
 AsyncEventType async_event_from_string(std::string_view s) {
   return parse<AsyncEventType>(kAsyncEvent, s, "async event");
 }

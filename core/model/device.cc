@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/cm_ib.h"
+#include "model/cm_iw.h"
 #include "model/context.h"
 #include "model/qp.h"
 #include "model/resources.h"
@@ -23,6 +25,30 @@ Device::Device(Env& env_in, Fabric& fabric_in, const Personality& p, std::string
   gid.raw[0] = 0xfe;
   gid.raw[1] = 0x80;
   for (int i = 0; i < 8; ++i) gid.raw[8 + i] = static_cast<uint8_t>(caps.node_guid >> (56 - 8 * i));
+  if (caps.transport == Transport::iWARP) {
+    iw_cm = std::make_unique<IwCm>(*this);
+  } else {
+    ib_cm = std::make_unique<IbCm>(*this);
+  }
+}
+
+Device::~Device() = default;
+
+void Device::reset_after_reboot() {
+  for (const auto& [seq, e] : eq_) env.runtime.cancel(e.timer);
+  eq_.clear();
+  qp_table.clear();
+  srq_table.clear();
+  mr_table.clear();
+  cq_table.clear();
+  xrcd_inodes.clear();
+  contexts.clear();
+  free_qpns_.clear();
+  next_qpn_ = pers.first_qpn;
+  next_srqn_ = 1;
+  next_key_ = 0x1000;
+  port_up = true;
+  fatal = false;
 }
 
 uint32_t Device::alloc_qpn() {
@@ -100,6 +126,7 @@ void Device::dispatch(const Eqe& e) {
         ev.object_id = h->id();
         h->ctx().push_event(ev);
       }
+      if (e.type == AsyncEventType::COMM_EST && ib_cm) ib_cm->on_comm_est_qp(e.number);
       return;
     }
     case ObjectKind::SRQ: {

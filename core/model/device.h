@@ -16,6 +16,8 @@
 
 namespace rdmalab::model {
 
+class IbCm;
+class IwCm;
 class ModelContext;
 class ModelCq;
 class ModelMr;
@@ -26,6 +28,7 @@ class XrcdCore;
 class Device {
  public:
   Device(Env& env, Fabric& fabric, const Personality& p, std::string host, int host_index);
+  ~Device();
 
   Env& env;
   Fabric& fabric;
@@ -36,6 +39,11 @@ class Device {
   uint16_t lid;
   bool port_up = true;
   bool fatal = false;
+  bool host_down = false;  // ModelLab::reboot: the fabric drops packets to and from it
+
+  // The host's CM (one device per host): the IB CM on IB/RoCE, the iWARP CM on iWARP.
+  std::unique_ptr<IbCm> ib_cm;
+  std::unique_ptr<IwCm> iw_cm;
 
   // --- QPNs and the driver's tables (raw pointers: entries are removed before objects end)
   uint32_t alloc_qpn();
@@ -61,6 +69,9 @@ class Device {
   // --- faults
   void set_port(bool up);
   void make_fatal();
+  // Reboot, once every process is gone: the tables and allocators start again (the QPN
+  // allocator at its first QPN), pending EQEs go; node GUID, GID and LID stay.
+  void reset_after_reboot();
 
   // --- wire
   void send(Frame f, const AhAttr& ah);

@@ -13,6 +13,11 @@ nlohmann::json packet_json(const Packet& p) {
   return j;
 }
 
+// A rebooting host's packets count as "host_down_drop", a dead port's as "port_down_drop".
+const char* Fabric::drop_fault(const char* why) {
+  return std::string_view(why) == kHostDown ? "host_down_drop" : "port_down_drop";
+}
+
 void Fabric::lose(const Packet& pkt, const std::string& why, const std::string& fault_name) {
   nlohmann::json data = packet_json(pkt);
   data["reason"] = why;
@@ -30,9 +35,10 @@ TimeNs Fabric::base_latency() {
 
 void Fabric::send(Packet pkt, const Arrival& on_arrival) {
   pkt.id = next_packet_id_++;
-  if (link_up_ && (!link_up_(pkt.src_host) || !link_up_(pkt.dst_host))) {
-    lose(pkt, "port down", "port_down_drop");
-    return;
+  if (link_up_) {
+    for (const std::string* h : {&pkt.src_host, &pkt.dst_host}) {
+      if (const char* why = link_up_(*h)) return lose(pkt, why, drop_fault(why));
+    }
   }
   PacketVerdict verdict;
   if (hook_) verdict = hook_(pkt);
@@ -70,8 +76,8 @@ void Fabric::send(Packet pkt, const Arrival& on_arrival) {
 
 void Fabric::deliver_at(TimeNs t, const Packet& pkt, const Arrival& on_arrival) {
   env_.runtime.schedule_at(t, [this, pkt, on_arrival] {
-    if (link_up_ && !link_up_(pkt.dst_host)) {
-      lose(pkt, "port down at arrival", "port_down_drop");
+    if (const char* why = link_up_ ? link_up_(pkt.dst_host) : nullptr) {
+      lose(pkt, std::string(why) + " at arrival", drop_fault(why));
       return;
     }
     on_arrival(pkt);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "model/env.h"
@@ -19,8 +20,8 @@ namespace rdmalab::model {
 class Fabric {
  public:
   using Arrival = std::function<void(const Packet&)>;
-  // Whether a host's port passes packets (set_port_state, device_fatal).
-  using LinkUp = std::function<bool(const std::string& host)>;
+  // Why a host passes no packets (set_port_state, device_fatal, reboot): nullptr when it does.
+  using LinkUp = std::function<const char*(const std::string& host)>;
 
   Fabric(Env& env, FabricOptions opts) : env_(env), opts_(opts) {}
 
@@ -35,7 +36,11 @@ class Fabric {
 
   uint64_t packets_sent() const { return next_packet_id_ - 1; }
 
+  static constexpr const char* kPortDown = "port down";
+  static constexpr const char* kHostDown = "host down";
+
  private:
+  static const char* drop_fault(const char* why);
   void lose(const Packet& pkt, const std::string& why, const std::string& fault_name);
   void deliver_at(TimeNs t, const Packet& pkt, const Arrival& on_arrival);
   TimeNs base_latency();

@@ -1,5 +1,6 @@
 #include "model/model_lab.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "model/context.h"
@@ -23,9 +24,10 @@ ModelLabImpl::ModelLabImpl(const LabOptions& opts)
     hosts_.push_back(std::make_shared<ModelHost>(*env_, *fabric_, spec.name, p, index++));
   }
   Env* env = env_.get();
-  fabric_->set_link_up([env](const std::string& host) {
+  fabric_->set_link_up([env](const std::string& host) -> const char* {
     Device* d = env->device(host);
-    return d != nullptr && d->port_up && !d->fatal;
+    if (d == nullptr || d->host_down) return Fabric::kHostDown;
+    return d->port_up && !d->fatal ? nullptr : Fabric::kPortDown;
   });
   env_->record("", "lab", "lab_start", {{"seed", opts.seed}, {"hosts", opts.hosts.size()}});
 }
@@ -157,6 +159,24 @@ void ModelLabImpl::device_fatal(const std::string& host) {
   }
   env_->fault(host, "device", "device_fatal");
   d.make_fatal();
+}
+
+// A host crash: everything on it goes at once with nothing sent (no DREQ, no FIN), packets
+// to it are lost while it is down, and it comes back with the same GUID, GID and first QPN.
+void ModelLabImpl::reboot(const std::string& host, TimeNs down_ns) {
+  Device& d = device_of("reboot", host);
+  if (d.host_down) throw Error("reboot", EALREADY, host + " is already down");
+  env_->fault(host, "host", "reboot", {{"down_ns", down_ns}});
+  d.host_down = true;
+  for (const auto& h : hosts_) {
+    if (h->name() == host) h->crash();
+  }
+  Env* env = env_.get();
+  Device* dev = &d;
+  env_->runtime.schedule_after(std::max<TimeNs>(0, down_ns), [env, dev] {
+    dev->host_down = false;
+    env->record(dev->host, "host", "host_up", {{"node_guid", dev->caps.node_guid}});
+  });
 }
 
 std::string ModelLabImpl::dump_state() const {

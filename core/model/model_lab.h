@@ -35,6 +35,7 @@ class ModelLabImpl final : public ModelLab {
                           TimeNs driver_delay_ns) override;
   void set_port_state(const std::string& host, bool up) override;
   void device_fatal(const std::string& host) override;
+  void reboot(const std::string& host, TimeNs down_ns) override;
   std::map<std::string, uint64_t> fault_counts() const override { return env_->fault_counts; }
   std::string dump_state() const override;
 

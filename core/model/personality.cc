@@ -42,6 +42,7 @@ Personality roce() {
   p.cq_overflow = CqOverflow::kLoseEach;  // vmlab.md: CQ_ERR per lost completion, QP stays RTS
   p.send_port_down_loc_qp_op_err = true;  // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
   p.guid_base = 0x5054001234560000ull;    // (model) rxe derives the GUID from the MAC
+  p.caps.local_ca_ack_delay = 15;         // rxe_param.h RXE_LOCAL_CA_ACK_DELAY
   return p;
 }
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
+#include "model/cm_ib.h"
+#include "model/cm_iw.h"
+#include "model/cm_rdma.h"
 #include "model/context.h"
 #include "model/qp.h"
 
@@ -30,12 +33,43 @@ std::shared_ptr<Context> ModelProcess::open_device(const std::string& device_nam
   return ctx;
 }
 
-// SIGKILL: uverbs releases every handle, newest first by type (QPs, SRQs, CQs, MRs, PDs, XRCD
-// references), then the contexts, without waiting for event acks.
+std::shared_ptr<CmEventChannel> ModelProcess::create_event_channel() {
+  if (!token_->alive) throw Error("rdma_create_event_channel", EBADF, "lab shut down");
+  if (!alive_) throw Error("rdma_create_event_channel", ESRCH, label() + " was killed");
+  env_.enter_verb(host_.name(), "rdma_create_event_channel", label());
+  auto ch = std::make_shared<ModelCmEventChannel>(*this);
+  channels_.push_back(ch);
+  env_.record(host_.name(), ch->label(), "verb",
+              {{"verb", "rdma_create_event_channel"}, {"process", name_}});
+  return ch;
+}
+
+std::shared_ptr<Context> ModelProcess::cm_context() {
+  if (!cm_ctx_ || cm_ctx_->destroyed()) cm_ctx_ = open_device("");
+  return cm_ctx_;
+}
+
+// SIGKILL: ucma closes the CM ids first (what cm_destroy_id sends, it sends), then uverbs
+// releases every handle, newest first by type (QPs, SRQs, CQs, MRs, PDs, XRCD references),
+// then the contexts, without waiting for event acks.
 void ModelProcess::kill() {
   if (!token_->alive || !alive_) return;
   alive_ = false;
   env_.fault(host_.name(), label(), "kill", {{"process", name_}, {"pid", pid_}});
+  release_everything(Release::kKill);
+}
+
+void ModelProcess::crash() {
+  if (!token_->alive || !alive_) return;
+  alive_ = false;
+  env_.record(host_.name(), label(), "process_crash", {{"process", name_}, {"pid", pid_}});
+  release_everything(Release::kKill);
+}
+
+void ModelProcess::release_everything(Release why) {
+  auto channels = channels_;
+  for (size_t i = channels.size(); i-- > 0;) channels[i]->release(why);
+  channels_.clear();
   std::vector<std::shared_ptr<Owned>> objs;
   for (const auto& ctx : contexts_) {
     auto o = ctx->owned();
@@ -45,10 +79,11 @@ void ModelProcess::kill() {
     if (a->rank() != b->rank()) return a->rank() < b->rank();
     return a->owned_id() > b->owned_id();
   });
-  for (auto& o : objs) o->release(Release::kKill);
+  for (auto& o : objs) o->release(why);
   auto ctxs = contexts_;
-  for (size_t i = ctxs.size(); i-- > 0;) ctxs[i]->release_all(Release::kKill);
+  for (size_t i = ctxs.size(); i-- > 0;) ctxs[i]->release_all(why);
   contexts_.clear();
+  cm_ctx_.reset();
 }
 
 void ModelProcess::context_closed(const ModelContext* ctx) {
@@ -58,6 +93,10 @@ void ModelProcess::context_closed(const ModelContext* ctx) {
 }
 
 void ModelProcess::shutdown() {
+  auto channels = channels_;
+  for (size_t i = channels.size(); i-- > 0;) channels[i]->release(Release::kClose);
+  channels_.clear();
+  cm_ctx_.reset();
   auto ctxs = contexts_;
   for (size_t i = ctxs.size(); i-- > 0;) ctxs[i]->release_all(Release::kClose);
   contexts_.clear();
@@ -66,6 +105,7 @@ void ModelProcess::shutdown() {
 std::string ModelProcess::dump() const {
   std::ostringstream out;
   out << "  " << label() << " pid " << pid_ << (alive_ ? "" : " (killed)") << "\n";
+  for (const auto& ch : channels_) out << ch->dump();
   for (const auto& ctx : contexts_) out << ctx->dump();
   return out.str();
 }
@@ -89,6 +129,7 @@ DeviceCaps ModelHost::device_caps(const std::string& device_name) const {
 
 std::shared_ptr<Process> ModelHost::create_process(const std::string& name) {
   if (!token_->alive) throw Error("create_process", EBADF, "lab shut down");
+  if (device_->host_down) throw Error("create_process", EHOSTDOWN, name_ + " is rebooting");
   for (const auto& p : processes_) {
     if (p->alive() && p->name() == name)
       throw Error("create_process", EEXIST, "process '" + name + "' exists on " + name_);
@@ -101,6 +142,19 @@ std::shared_ptr<Process> ModelHost::create_process(const std::string& name) {
 
 std::vector<std::shared_ptr<Process>> ModelHost::processes() const {
   return {processes_.begin(), processes_.end()};
+}
+
+// The CM state goes first, with nothing sent; then the processes die as by SIGKILL (their
+// ids find no CM state left to send from); then the device forgets everything.
+void ModelHost::crash() {
+  if (device_->ib_cm) device_->ib_cm->reset();
+  if (device_->iw_cm) device_->iw_cm->reset();
+  for (size_t i = processes_.size(); i-- > 0;) processes_[i]->crash();
+  for (auto& [path, x] : device_->xrcd_inodes) x->tgt_qps.clear();
+  std::vector<QpCore*> cores;
+  for (const auto& [qpn, core] : device_->qp_table) cores.push_back(core);
+  for (QpCore* core : cores) core->destroy();
+  device_->reset_after_reboot();
 }
 
 void ModelHost::shutdown() {
@@ -123,7 +177,10 @@ std::string ModelHost::dump() const {
   const Device& d = *device_;
   out << "host " << name_ << ": " << d.caps.name << " (" << d.caps.personality << ") port "
       << (d.port_up ? "ACTIVE" : "DOWN") << (d.fatal ? " FATAL" : "") << ", " << d.qp_table.size()
-      << " QPs, " << d.pending_eqes() << " EQEs pending\n";
+      << " QPs, " << d.pending_eqes() << " EQEs pending" << (d.host_down ? " HOST DOWN" : "")
+      << "\n";
+  if (d.ib_cm) out << d.ib_cm->dump();
+  if (d.iw_cm) out << d.iw_cm->dump();
   for (const auto& p : processes_) out << p->dump();
   return out.str();
 }

@@ -9,10 +9,12 @@
 
 #include "model/device.h"
 #include "model/env.h"
+#include "model/objects.h"
 #include "rdmalab/lab.h"
 
 namespace rdmalab::model {
 
+class ModelCmEventChannel;
 class ModelContext;
 class ModelHost;
 
@@ -23,7 +25,12 @@ class ModelProcess final : public Process {
   uint64_t pid() const override { return pid_; }
   bool alive() const override { return alive_ && token_->alive; }
   std::shared_ptr<Context> open_device(const std::string& device_name) override;
+  std::shared_ptr<CmEventChannel> create_event_channel() override;
   void kill() override;
+  // Reboot: dies as kill() does, recorded as part of the host fault, not as a "kill" fault.
+  void crash();
+  // The context librdmacm opens for the process's rdma_cm ids (one, opened on first use).
+  std::shared_ptr<Context> cm_context();
 
   std::string label() const { return "proc:" + name_; }
   ModelHost& host() const { return host_; }
@@ -33,6 +40,8 @@ class ModelProcess final : public Process {
   std::string dump() const;
 
  private:
+  void release_everything(Release why);
+
   Env& env_;
   std::shared_ptr<LabToken> token_;
   ModelHost& host_;
@@ -40,6 +49,8 @@ class ModelProcess final : public Process {
   uint64_t pid_;
   bool alive_ = true;
   std::vector<std::shared_ptr<ModelContext>> contexts_;
+  std::vector<std::shared_ptr<ModelCmEventChannel>> channels_;
+  std::shared_ptr<Context> cm_ctx_;
 };
 
 class ModelHost final : public Host {
@@ -52,6 +63,8 @@ class ModelHost final : public Host {
   std::vector<std::shared_ptr<Process>> processes() const override;
 
   Device& device() const { return *device_; }
+  // ModelLab::reboot: every process dies at once, the CM and the device lose their state.
+  void crash();
   void shutdown();
   std::string dump() const;
 

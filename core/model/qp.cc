@@ -170,6 +170,15 @@ void QpCore::reset_queues() {
   epsn_ = attr.rq_psn;
 }
 
+void QpCore::bind_peer(const Gid& dgid, uint32_t dest_qpn, uint32_t sq_psn, uint32_t rq_psn) {
+  attr.ah_attr.dgid = dgid;
+  attr.dest_qp_num = dest_qpn;
+  attr.sq_psn = next_psn_ = sq_psn & 0xffffff;
+  attr.rq_psn = epsn_ = rq_psn & 0xffffff;
+  env.record(dev.host, label(), "qp_peer",
+             {{"qp_num", qpn}, {"dest_qp_num", dest_qpn}, {"dgid", dgid.str()}});
+}
+
 void QpCore::device_fatal() {
   dead_ = true;
   set_state(QpState::ERR, "device fatal");

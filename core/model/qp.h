@@ -50,6 +50,9 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
     if (state != QpState::ERR) set_state(QpState::ERR, why);
   }
   void device_fatal();  // ERR with no flush completions (a dead device)
+  // iWARP: the connection, not modify, gives the QP its peer (iw_cm; the provider's accept
+  // and connect reply), before the provider moves it to RTS.
+  void bind_peer(const Gid& dgid, uint32_t dest_qpn, uint32_t sq_psn, uint32_t rq_psn);
   void complete_send(const SendWqe& w, WcStatus status, uint32_t byte_len = 0);
   void complete_recv(ModelCq* cq, const RecvWr& wr, WcStatus status, uint32_t byte_len,
                      const Frame* f);

@@ -44,7 +44,9 @@ SimRuntime::SimRuntime(uint64_t seed) : rng_(seed), sched_rng_(seed ^ 0x9e3779b9
   threads_.push_back(std::move(controller));
 }
 
-SimRuntime::~SimRuntime() { shutdown(); }
+SimRuntime::~SimRuntime() {
+  shutdown();
+}
 
 SimRuntime::SimThread* SimRuntime::self() {
   if (tls_current != nullptr && tls_current->rt == this) return tls_current;
@@ -59,7 +61,8 @@ void SimRuntime::spawn(const std::string& name, std::function<void()> body) {
   t->name = name;
   SimThread* raw = t.get();
   threads_.push_back(std::move(t));
-  raw->thread = std::thread([this, raw, body = std::move(body)]() mutable { thread_main(raw, std::move(body)); });
+  raw->thread = std::thread(
+      [this, raw, body = std::move(body)]() mutable { thread_main(raw, std::move(body)); });
 }
 
 void SimRuntime::thread_main(SimThread* t, std::function<void()> body) {
@@ -186,7 +189,9 @@ std::string SimRuntime::dump_threads() const {
   for (const auto& t : threads_) {
     out << t->name << " [" << state_name(static_cast<int>(t->state)) << "]";
     if (t->state == SimThread::State::kWaiting) {
-      out << " until " << (t->deadline == kForever ? std::string("forever") : std::to_string(t->deadline)) << " ns";
+      out << " until "
+          << (t->deadline == kForever ? std::string("forever") : std::to_string(t->deadline))
+          << " ns";
     }
     out << "\n";
   }

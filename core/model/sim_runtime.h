@@ -52,7 +52,9 @@ class SimRuntime final : public Runtime {
   // Timers: the model's events (packet arrivals, transport timeouts). fn runs on the baton
   // holder at virtual time t (>= now). Same t: FIFO.
   TimerId schedule_at(TimeNs t, std::function<void()> fn);
-  TimerId schedule_after(TimeNs d, std::function<void()> fn) { return schedule_at(now_ + d, std::move(fn)); }
+  TimerId schedule_after(TimeNs d, std::function<void()> fn) {
+    return schedule_at(now_ + d, std::move(fn));
+  }
   void cancel(TimerId id);
   size_t pending_timers() const { return timers_.size(); }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmalab/cm.h"
 #include "rdmalab/history.h"
 #include "rdmalab/runtime.h"
 #include "rdmalab/verbs.h"
@@ -21,6 +22,9 @@ class Process {
   virtual bool alive() const = 0;
   // ibv_open_device; "" = the host's first device.
   virtual std::shared_ptr<Context> open_device(const std::string& device_name) = 0;
+  // rdma_create_event_channel: the process's rdma_cm channel (librdmacm opens the device
+  // contexts it needs itself).
+  virtual std::shared_ptr<CmEventChannel> create_event_channel() = 0;
   // SIGKILL: the kernel releases every handle the process held (uverbs cleanup), without
   // waiting for event acks; objects shared with other processes live on by their own rules.
   virtual void kill() = 0;

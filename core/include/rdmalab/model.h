@@ -49,13 +49,15 @@ struct Packet {
   uint64_t id = 0;
   std::string src_host;
   std::string dst_host;
-  std::string opcode;      // BTH opcode name: "SEND_ONLY", "RDMA_WRITE_ONLY", "ACKNOWLEDGE", ... ; "MAD" for CM
+  std::string
+      opcode;  // BTH opcode name: "SEND_ONLY", "RDMA_WRITE_ONLY", "ACKNOWLEDGE", ... ; "MAD" for CM
   uint32_t dest_qpn = 0;
   uint32_t src_qpn = 0;
   uint32_t psn = 0;
   uint32_t length = 0;
-  std::string syndrome;     // ACKNOWLEDGE: "ACK", "RNR_NAK", "NAK_SEQ", "NAK_INV_REQ", "NAK_REM_ACCESS", "NAK_REM_OP"
-  uint16_t mad_attr_id = 0; // CM MADs (0x10 REQ ... 0x16 DREP)
+  std::string syndrome;      // ACKNOWLEDGE: "ACK", "RNR_NAK", "NAK_SEQ", "NAK_INV_REQ",
+                             // "NAK_REM_ACCESS", "NAK_REM_OP"
+  uint16_t mad_attr_id = 0;  // CM MADs (0x10 REQ ... 0x16 DREP)
 };
 
 enum class PacketAction { DELIVER, DROP, DELAY, DUPLICATE };
@@ -97,7 +99,13 @@ class ModelLab : public Lab {
   virtual void inject_async_event(const std::string& host, AsyncEventType type, uint32_t number,
                                   TimeNs driver_delay_ns) = 0;  // number: QPN, SRQN, CQ id or port
   virtual void set_port_state(const std::string& host, bool up) = 0;  // PORT_ERR / PORT_ACTIVE
-  virtual void device_fatal(const std::string& host) = 0;              // DEVICE_FATAL
+  virtual void device_fatal(const std::string& host) = 0;             // DEVICE_FATAL
+
+  // Host fault: the host loses all state at once (processes, QPs, CM state, timers) and is
+  // back after down_ns with the same node GUID and the same first QPN, as a rebooted rxe
+  // host is (vmlab.md). Packets to it while down are lost. Its Host object stays valid;
+  // processes and objects from before are dead (EBADF / ESRCH).
+  virtual void reboot(const std::string& host, TimeNs down_ns) = 0;
 
   // Counts of faults applied, by kind ("drop", "delay", "async_event", "kill", ...).
   virtual std::map<std::string, uint64_t> fault_counts() const = 0;

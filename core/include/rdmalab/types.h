@@ -120,9 +120,9 @@ enum class XrcTgtLifetime { kHandle, kXrcd, kUnknown };
 
 // What a provider does with a post to a QP in ERR (semantics.md C, seed 000).
 enum class ErrPostPolicy {
-  kFlush,         // accepted, completed with WR_FLUSH_ERR (IB, mlx5, rxe, kernel siw)
-  kRefuse,        // the post fails with EINVAL (user-space libcxgb4)
-  kFlushAtOnce,   // completed at once as a flush (siw)
+  kFlush,        // accepted, completed with WR_FLUSH_ERR (IB, mlx5, rxe, kernel siw)
+  kRefuse,       // the post fails with EINVAL (user-space libcxgb4)
+  kFlushAtOnce,  // completed at once as a flush (siw)
 };
 
 struct Gid {
@@ -132,8 +132,9 @@ struct Gid {
 };
 
 struct DeviceCaps {
-  std::string name;          // "mlx5_0", "rxe0", "model-ib0"
-  std::string personality;   // model: "ib", "roce", "iwarp-cxgb4", "iwarp-siw", "mana"; verbs: driver name
+  std::string name;  // "mlx5_0", "rxe0", "model-ib0"
+  std::string
+      personality;  // model: "ib", "roce", "iwarp-cxgb4", "iwarp-siw", "mana"; verbs: driver name
   Transport transport = Transport::IB;
   bool xrc = false;
   bool srq = true;
@@ -150,8 +151,12 @@ struct DeviceCaps {
   uint8_t phys_port_cnt = 1;
   ErrPostPolicy err_post = ErrPostPolicy::kFlush;
   XrcTgtLifetime xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
-  // retry_cnt 7 treated as infinite (rxe, rxe_comp.c); the IB spec makes 7 infinite only for rnr_retry.
+  // retry_cnt 7 treated as infinite (rxe, rxe_comp.c); the IB spec makes 7 infinite only for
+  // rnr_retry.
   bool retry_cnt_7_infinite = false;
+  // ibv_device_attr.local_ca_ack_delay: the IB CM puts it in REQ/REP and derives the local ACK
+  // timeout and the TIMEWAIT time from it (cm.c cm_ack_timeout).
+  uint8_t local_ca_ack_delay = 16;
   // Async events the provider is known to raise; empty means unknown (real devices).
   std::vector<AsyncEventType> raises;
   bool raises_event(AsyncEventType t) const;
@@ -191,10 +196,10 @@ struct QpAttr {
   uint8_t min_rnr_timer = 12;  // IBA encoded (12 = 0.64 ms)
   uint8_t timeout = 14;        // 4.096 us * 2^timeout
   uint8_t retry_cnt = 7;
-  uint8_t rnr_retry = 7;       // 7 = infinite (IBA)
+  uint8_t rnr_retry = 7;  // 7 = infinite (IBA)
   bool en_sqd_async_notify = false;
-  bool sq_draining = false;    // output of query
-  QpCap cap;                   // output of query
+  bool sq_draining = false;  // output of query
+  QpCap cap;                 // output of query
 };
 
 struct Sge {

@@ -90,7 +90,7 @@ class Qp : public Object {
   virtual QpType qp_type() const = 0;
   virtual QpState state() const = 0;
   virtual void modify(const QpAttr& attr, uint32_t attr_mask) = 0;  // ibv_modify_qp
-  virtual QpAttr query() const = 0;                                  // ibv_query_qp
+  virtual QpAttr query() const = 0;                                 // ibv_query_qp
   virtual void post_send(const SendWr& wr) = 0;                     // ibv_post_send
   virtual void post_recv(const RecvWr& wr) = 0;                     // ibv_post_recv
   // ibv_destroy_qp. Like rdma-core, waits until every async event read for this QP has been
@@ -112,7 +112,8 @@ class Context : public Object {
   virtual std::shared_ptr<Mr> reg_mr(Pd& pd, uint64_t length, uint32_t access) = 0;
   virtual std::shared_ptr<Cq> create_cq(int cqe) = 0;
   virtual std::shared_ptr<Srq> create_srq(Pd& pd, const SrqInitAttr& attr) = 0;
-  virtual std::shared_ptr<Srq> create_srq_xrc(Pd& pd, Xrcd& xrcd, Cq& cq, const SrqInitAttr& attr) = 0;
+  virtual std::shared_ptr<Srq> create_srq_xrc(Pd& pd, Xrcd& xrcd, Cq& cq,
+                                              const SrqInitAttr& attr) = 0;
   // ibv_open_xrcd: path names the inode that lets processes share the domain ("" = fd -1);
   // o_creat / o_excl as the open(2) flags.
   virtual std::shared_ptr<Xrcd> open_xrcd(const std::string& path, bool o_creat, bool o_excl) = 0;

@@ -1,0 +1,499 @@
+// The iWARP CM and the provider endpoint under it (semantics.md F; iwcm.c, iw_cxgb4 cm.c,
+// siw_cm.c). The provider turns TCP/MPA packets into events; iwcm queues them per id and
+// processes them in order (cm_work_handler); only CLOSE reaches the user on a disconnect.
+#include "model/cm_iw.h"
+
+#include <sstream>
+
+#include "model/device.h"
+#include "model/fabric.h"
+#include "model/qp.h"
+
+namespace rdmalab::model {
+
+const char* to_string(IwCmState s) {
+  static const char* const names[] = {"IDLE",        "LISTEN",  "CONN_RECV", "CONN_SENT",
+                                      "ESTABLISHED", "CLOSING", "DESTROYING"};
+  return names[static_cast<int>(s)];
+}
+
+const char* to_string(IwCmEventType t) {
+  static const char* const names[] = {"CONNECT_REQUEST", "CONNECT_REPLY", "ESTABLISHED",
+                                      "DISCONNECT", "CLOSE"};
+  return names[static_cast<int>(t)];
+}
+
+IwCm::IwCm(Device& dev) : dev_(dev), env_(dev.env) {}
+
+namespace {
+IwWire wire(const char* kind) {
+  IwWire w;
+  w.kind = kind;
+  return w;
+}
+}  // namespace
+
+IwCm::Ep* IwCm::find(uint32_t id) {
+  auto it = eps_.find(id);
+  return it == eps_.end() ? nullptr : it->second.get();
+}
+
+IwCm::Ep& IwCm::get(const std::string& verb, uint32_t id) {
+  Ep* ep = find(id);
+  if (ep == nullptr) throw Error(verb, EINVAL, "no iWARP CM id " + label(id));
+  return *ep;
+}
+
+IwCmState IwCm::state(uint32_t id) const {
+  auto it = eps_.find(id);
+  return it == eps_.end() ? IwCmState::IDLE : it->second->state;
+}
+
+size_t IwCm::queued_events(uint32_t id) const {
+  auto it = eps_.find(id);
+  return it == eps_.end() ? 0 : it->second->work.size();
+}
+
+void IwCm::set_state(Ep& ep, IwCmState to) {
+  if (ep.state == to) return;
+  env_.record(dev_.host, label(ep.id), "cm_state",
+              {{"layer", "iw_cm"}, {"from", to_string(ep.state)}, {"to", to_string(to)}});
+  ep.state = to;
+}
+
+// ---------------------------------------------------------------- the wire
+
+void IwCm::transmit(const std::string& dst_host, IwWire w, const std::string& object) {
+  env_.record(dev_.host, object, "cm_send",
+              {{"msg", w.kind},
+               {"dst", dst_host},
+               {"src_ep", w.src_ep},
+               {"dst_ep", w.dst_ep},
+               {"qpn", w.qpn}});
+  Packet pkt;
+  pkt.src_host = dev_.host;
+  pkt.dst_host = dst_host;
+  pkt.opcode = w.kind;
+  pkt.src_qpn = w.qpn;
+  pkt.length = static_cast<uint32_t>(w.private_data.size());
+  auto wire = std::make_shared<const IwWire>(std::move(w));
+  Env* env = &env_;
+  dev_.fabric.send(pkt, [env, wire](const Packet& p) {
+    Device* d = env->device(p.dst_host);
+    if (d != nullptr && d->iw_cm) d->iw_cm->on_wire(*wire, p.src_host);
+  });
+}
+
+void IwCm::send(Ep& ep, IwWire w) {
+  w.src_ep = ep.id;
+  w.dst_ep = ep.remote_ep;
+  transmit(ep.remote_host, std::move(w), label(ep.id));
+}
+
+void IwCm::arm(Ep& ep) {
+  env_.runtime.cancel(ep.timer);
+  const uint32_t id = ep.id;
+  const uint64_t epoch = epoch_;
+  ep.timer =
+      env_.runtime.schedule_after(kIwTimeoutNs, [this, id, epoch] { on_timeout(id, epoch); });
+}
+
+// The provider gives up: an MPA request never answered, or a close never finished.
+void IwCm::on_timeout(uint32_t id, uint64_t epoch) {
+  if (epoch != epoch_) return;
+  Ep* ep = find(id);
+  if (ep == nullptr) return;
+  ep->timer = 0;
+  env_.record(dev_.host, label(id), "cm_timeout", {{"connected", ep->connected}});
+  if (!ep->connected) {  // connect: ETIMEDOUT, and an abort for a half-open peer
+    if (!ep->remote_host.empty()) send(*ep, wire("TCP_RST"));
+    IwCmEvent ev;
+    ev.type = IwCmEventType::CONNECT_REPLY;
+    ev.status = -ETIMEDOUT;
+    upcall(*ep, ev);
+    return maybe_free(id);
+  }
+  send(*ep, wire("TCP_RST"));
+  closed(*ep, true);
+}
+
+void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
+  env_.record(dev_.host, "iw_cm", "cm_recv",
+              {{"msg", w.kind}, {"src", src_host}, {"src_ep", w.src_ep}, {"dst_ep", w.dst_ep}});
+  if (w.kind == "MPA_REQUEST") return on_mpa_request(w, src_host);
+  Ep* ep = find(w.dst_ep);
+  if (w.dst_ep == 0) {  // an abort from a side that never learnt our endpoint
+    for (auto& [id, e] : eps_) {
+      if (e->remote_host == src_host && e->remote_ep == w.src_ep) ep = e.get();
+    }
+  }
+  if (ep == nullptr || ep->remote_host != src_host ||
+      (ep->remote_ep != 0 && ep->remote_ep != w.src_ep)) {
+    env_.record(dev_.host, "iw_cm", "cm_unexpected",
+                {{"msg", w.kind}, {"why", "no such endpoint"}});
+    return;
+  }
+  if (w.kind == "MPA_REPLY") return on_mpa_reply(*ep, w);
+  if (w.kind == "TCP_FIN") return on_fin(*ep);
+  if (w.kind == "TCP_ACK") return on_ack(*ep);
+  if (w.kind == "TCP_RST") return on_rst(*ep);
+}
+
+// ---------------------------------------------------------------- provider events
+
+// cm_event_handler: append to the id's work list; the first one queues the work item.
+void IwCm::upcall(Ep& ep, IwCmEvent ev) {
+  ev.id = ev.type == IwCmEventType::CONNECT_REQUEST ? ev.id : ep.id;
+  if (ep.drop_events) {
+    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+    return;
+  }
+  env_.record(dev_.host, label(ep.id), "iw_event",
+              {{"event", to_string(ev.type)}, {"status", ev.status}, {"queued", ep.work.size()}});
+  ep.work.push_back(std::move(ev));
+  if (ep.work_scheduled) return;
+  ep.work_scheduled = true;
+  const uint32_t id = ep.id;
+  const uint64_t epoch = epoch_;
+  env_.runtime.schedule_after(0, [this, id, epoch] { run_work(id, epoch); });
+}
+
+// cm_work_handler: the work list in order; an id being destroyed drops what is left.
+void IwCm::run_work(uint32_t id, uint64_t epoch) {
+  if (epoch != epoch_) return;
+  for (;;) {
+    Ep* ep = find(id);
+    if (ep == nullptr) return;
+    if (ep->work.empty()) {
+      ep->work_scheduled = false;
+      return;
+    }
+    IwCmEvent ev = std::move(ep->work.front());
+    ep->work.pop_front();
+    process(*ep, ev);
+  }
+}
+
+void IwCm::process(Ep& ep, const IwCmEvent& ev) {
+  if (ep.drop_events || ep.state == IwCmState::DESTROYING) {
+    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+    return;
+  }
+  switch (ev.type) {
+    case IwCmEventType::CONNECT_REQUEST:  // cm_conn_req_handler, on the listener
+      if (ep.state != IwCmState::LISTEN) return destroy_id(ev.id);
+      break;
+    case IwCmEventType::CONNECT_REPLY:  // cm_conn_rep_handler
+      if (ep.state != IwCmState::CONN_SENT) return;
+      set_state(ep, ev.status == 0 ? IwCmState::ESTABLISHED : IwCmState::IDLE);
+      break;
+    case IwCmEventType::ESTABLISHED:  // cm_conn_est_handler
+      if (ep.state != IwCmState::CONN_RECV) return;
+      set_state(ep, IwCmState::ESTABLISHED);
+      break;
+    case IwCmEventType::DISCONNECT:  // cm_disconnect_handler: no user callback
+      if (ep.state == IwCmState::ESTABLISHED) set_state(ep, IwCmState::CLOSING);
+      return;
+    case IwCmEventType::CLOSE:  // cm_close_handler
+      if (ep.state != IwCmState::ESTABLISHED && ep.state != IwCmState::CLOSING) return;
+      set_state(ep, IwCmState::IDLE);
+      break;
+  }
+  if (ep.handler) {
+    Handler h = ep.handler;
+    h(ev);
+  }
+}
+
+void IwCm::on_mpa_request(const IwWire& w, const std::string& src_host) {
+  auto lit = listeners_.find(w.port);
+  Ep* listener = lit == listeners_.end() ? nullptr : find(lit->second);
+  if (listener == nullptr || listener->state != IwCmState::LISTEN) {
+    IwWire rst = wire("TCP_RST");  // connection refused
+    rst.dst_ep = w.src_ep;
+    return transmit(src_host, std::move(rst), "iw_cm");
+  }
+  const uint32_t id = create_id(listener->handler);
+  Ep& ep = *eps_.at(id);
+  ep.remote_host = src_host;
+  ep.remote_ep = w.src_ep;
+  ep.remote_qpn = w.qpn;
+  ep.remote_psn = w.psn;
+  ep.port = w.port;
+  ep.connected = true;
+  set_state(ep, IwCmState::CONN_RECV);
+  IwCmEvent ev;
+  ev.type = IwCmEventType::CONNECT_REQUEST;
+  ev.id = id;
+  ev.listen_id = listener->id;
+  ev.private_data = w.private_data;
+  ev.remote_host = src_host;
+  ev.remote_qpn = w.qpn;
+  upcall(*listener, ev);
+}
+
+void IwCm::on_mpa_reply(Ep& ep, const IwWire& w) {
+  if (ep.state != IwCmState::CONN_SENT || ep.connected) {
+    env_.record(dev_.host, label(ep.id), "cm_unexpected", {{"msg", w.kind}});
+    return;
+  }
+  env_.runtime.cancel(ep.timer);
+  ep.timer = 0;
+  ep.remote_ep = w.src_ep;
+  IwCmEvent ev;
+  ev.type = IwCmEventType::CONNECT_REPLY;
+  ev.private_data = w.private_data;
+  if (w.reject) {
+    ev.status = -ECONNRESET;  // the peer rejected the MPA request
+  } else {
+    ep.connected = true;
+    ep.remote_qpn = w.qpn;
+    ep.remote_psn = w.psn;
+    establish_qp(ep);
+  }
+  upcall(ep, ev);
+}
+
+// The peer closes: the provider moves the QP to CLOSING, tells iwcm (DISCONNECT), and closes
+// its own half at once; when both FINs are acknowledged the endpoint is down (CLOSE).
+void IwCm::on_fin(Ep& ep) {
+  if (!ep.connected || ep.fin_rcvd) return;
+  ep.fin_rcvd = true;
+  if (ep.fin_sent) {  // their FIN acknowledges ours
+    ep.fin_acked = true;
+    send(ep, wire("TCP_ACK"));
+    return closed(ep, false);
+  }
+  qp_to(ep, false);
+  IwCmEvent ev;
+  ev.type = IwCmEventType::DISCONNECT;
+  upcall(ep, ev);
+  ep.fin_sent = true;
+  send(ep, wire("TCP_FIN"));
+  arm(ep);
+}
+
+void IwCm::on_ack(Ep& ep) {
+  if (!ep.connected || !ep.fin_sent) return;
+  ep.fin_acked = true;
+  if (ep.fin_rcvd) closed(ep, false);
+}
+
+void IwCm::on_rst(Ep& ep) {
+  env_.runtime.cancel(ep.timer);
+  ep.timer = 0;
+  if (!ep.connected) {  // our MPA request met no listener
+    if (ep.state != IwCmState::CONN_SENT && ep.state != IwCmState::DESTROYING) return;
+    IwCmEvent ev;
+    ev.type = IwCmEventType::CONNECT_REPLY;
+    ev.status = -ECONNREFUSED;
+    upcall(ep, ev);
+    return maybe_free(ep.id);
+  }
+  closed(ep, true);
+}
+
+// The connection is made: the QP gets its peer from it and goes to RTS.
+void IwCm::establish_qp(Ep& ep) {
+  if (!ep.qp || ep.qp->destroyed) return;
+  Device* peer = env_.device(ep.remote_host);
+  ep.qp->bind_peer(peer ? peer->gid : Gid{}, ep.remote_qpn, ep.psn, ep.remote_psn);
+  if (ep.qp->state == QpState::RTR) ep.qp->set_state(QpState::RTS, "iw_cm: connection established");
+}
+
+// Graceful: SQD, the iWARP CLOSING state (to ERR with SQ WRs outstanding, seed 000). Abrupt: ERR.
+void IwCm::qp_to(Ep& ep, bool error) {
+  if (!ep.qp || ep.qp->destroyed) return;
+  if (error) return ep.qp->to_error("iw_cm: connection closed");
+  if (ep.qp->state == QpState::RTS) ep.qp->set_state(QpState::SQD, "iw_cm: graceful close");
+}
+
+// The endpoint is down: the provider moves the QP to ERR, then CLOSE (cxgb4: status
+// -ECONNRESET on an abort, as peer_abort_upcall reports it).
+void IwCm::closed(Ep& ep, bool abort) {
+  env_.runtime.cancel(ep.timer);
+  ep.timer = 0;
+  ep.connected = false;
+  qp_to(ep, true);
+  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", abort}});
+  IwCmEvent ev;
+  ev.type = IwCmEventType::CLOSE;
+  ev.status = abort ? -ECONNRESET : 0;
+  upcall(ep, ev);
+  maybe_free(ep.id);
+}
+
+// A destroyed id stays until its endpoint is down (the provider still answers FINs).
+void IwCm::maybe_free(uint32_t id) {
+  Ep* ep = find(id);
+  if (ep == nullptr || ep->state != IwCmState::DESTROYING || ep->connected) return;
+  env_.runtime.cancel(ep->timer);
+  eps_.erase(id);
+}
+
+void IwCm::drop_work(Ep& ep) {
+  for (const IwCmEvent& ev : ep.work) {
+    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+  }
+  ep.work.clear();
+}
+
+// ---------------------------------------------------------------- the consumer's verbs
+
+uint32_t IwCm::create_id(Handler handler) {
+  auto ep = std::make_unique<Ep>();
+  ep->id = next_id_++;
+  ep->handler = std::move(handler);
+  ep->psn = static_cast<uint32_t>(env_.runtime.rng().next() & 0xffffff);
+  const uint32_t id = ep->id;
+  eps_[id] = std::move(ep);
+  env_.record(dev_.host, label(id), "cm_create", {{"layer", "iw_cm"}});
+  return id;
+}
+
+void IwCm::set_handler(uint32_t id, Handler handler) {
+  get("iw_cm_set_handler", id).handler = std::move(handler);
+}
+
+void IwCm::listen(uint32_t id, uint16_t port) {
+  Ep& ep = get("iw_cm_listen", id);
+  if (ep.state != IwCmState::IDLE) throw Error("iw_cm_listen", EINVAL, "not IDLE");
+  if (listeners_.count(port)) throw Error("iw_cm_listen", EADDRINUSE, "port in use");
+  ep.port = port;
+  listeners_[port] = id;
+  set_state(ep, IwCmState::LISTEN);
+}
+
+void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCore* qp,
+                   const std::vector<uint8_t>& private_data) {
+  Ep& ep = get("iw_cm_connect", id);
+  if (ep.state != IwCmState::IDLE) throw Error("iw_cm_connect", EINVAL, "not IDLE");
+  ep.qp = qp ? qp->shared_from_this() : nullptr;
+  ep.remote_host = dst_host;
+  ep.port = port;
+  set_state(ep, IwCmState::CONN_SENT);
+  IwWire w = wire("MPA_REQUEST");
+  w.port = port;
+  w.qpn = qp ? qp->qpn : 0;
+  w.psn = ep.psn;
+  w.private_data = private_data;
+  send(ep, std::move(w));
+  arm(ep);
+}
+
+void IwCm::accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_data) {
+  Ep& ep = get("iw_cm_accept", id);
+  if (ep.state != IwCmState::CONN_RECV) throw Error("iw_cm_accept", EINVAL, to_string(ep.state));
+  if (!ep.connected) throw Error("iw_cm_accept", ECONNRESET, "the peer aborted");
+  ep.qp = qp ? qp->shared_from_this() : nullptr;
+  establish_qp(ep);
+  IwWire w = wire("MPA_REPLY");
+  w.qpn = qp ? qp->qpn : 0;
+  w.psn = ep.psn;
+  w.private_data = private_data;
+  send(ep, std::move(w));
+  IwCmEvent ev;  // the provider reports ESTABLISHED once its MPA reply is out
+  ev.type = IwCmEventType::ESTABLISHED;
+  upcall(ep, ev);
+}
+
+void IwCm::reject(uint32_t id, const std::vector<uint8_t>& private_data) {
+  Ep& ep = get("iw_cm_reject", id);
+  if (ep.state != IwCmState::CONN_RECV) throw Error("iw_cm_reject", EINVAL, to_string(ep.state));
+  set_state(ep, IwCmState::IDLE);
+  if (ep.connected) {
+    IwWire w = wire("MPA_REPLY");
+    w.reject = true;
+    w.private_data = private_data;
+    send(ep, std::move(w));
+    ep.connected = false;
+  }
+}
+
+// iw_cm_disconnect: ESTABLISHED -> CLOSING, the QP to SQD (graceful) or ERR (abrupt); the
+// provider sends a FIN or an RST. CLOSING and IDLE: nothing; before ESTABLISHED: EINVAL.
+void IwCm::disconnect(uint32_t id, bool abrupt) {
+  Ep& ep = get("iw_cm_disconnect", id);
+  switch (ep.state) {
+    case IwCmState::ESTABLISHED:
+      set_state(ep, IwCmState::CLOSING);
+      break;
+    case IwCmState::CONN_SENT:
+    case IwCmState::LISTEN:
+    case IwCmState::CONN_RECV:
+      throw Error("iw_cm_disconnect", EINVAL, to_string(ep.state));
+    default:
+      return;
+  }
+  qp_to(ep, abrupt);
+  if (!ep.connected) return;
+  if (abrupt) {
+    send(ep, wire("TCP_RST"));
+    return closed(ep, true);
+  }
+  if (ep.fin_sent) return;
+  ep.fin_sent = true;
+  send(ep, wire("TCP_FIN"));
+  arm(ep);
+}
+
+// iw_destroy_cm_id: DESTROYING at once, queued events dropped, never waits.
+void IwCm::destroy_id(uint32_t id) {
+  Ep* p = find(id);
+  if (p == nullptr) return;
+  Ep& ep = *p;
+  const IwCmState was = ep.state;
+  set_state(ep, IwCmState::DESTROYING);
+  ep.drop_events = true;
+  ep.handler = nullptr;
+  drop_work(ep);
+  switch (was) {
+    case IwCmState::LISTEN:
+      listeners_.erase(ep.port);
+      break;
+    case IwCmState::CONN_RECV:  // reject on the caller's behalf
+      if (ep.connected) {
+        IwWire w = wire("MPA_REPLY");
+        w.reject = true;
+        send(ep, std::move(w));
+      }
+      ep.connected = false;
+      break;
+    case IwCmState::CONN_SENT:  // abort the attempt
+      ep.qp.reset();
+      if (!ep.connected) send(ep, wire("TCP_RST"));
+      ep.connected = false;
+      break;
+    case IwCmState::ESTABLISHED:  // abrupt: QP to ERR, the provider resets the connection
+      qp_to(ep, true);
+      if (ep.connected) send(ep, wire("TCP_RST"));
+      ep.connected = false;
+      break;
+    default:  // CLOSING: the provider finishes the close; IDLE: nothing
+      break;
+  }
+  env_.record(dev_.host, label(id), "cm_destroy", {{"layer", "iw_cm"}, {"state", to_string(was)}});
+  maybe_free(id);
+}
+
+void IwCm::reset() {
+  for (auto& [id, ep] : eps_) env_.runtime.cancel(ep->timer);
+  env_.record(dev_.host, "iw_cm", "cm_reset", {{"ids_lost", eps_.size()}});
+  eps_.clear();
+  listeners_.clear();
+  ++epoch_;
+}
+
+std::string IwCm::dump() const {
+  std::ostringstream out;
+  for (const auto& [id, ep] : eps_) {
+    out << "    " << label(id) << " " << to_string(ep->state) << (ep->connected ? " connected" : "")
+        << (ep->fin_sent ? " fin_sent" : "") << (ep->fin_rcvd ? " fin_rcvd" : "") << " work "
+        << ep->work.size();
+    if (!ep->remote_host.empty()) out << " peer " << ep->remote_host << " qpn " << ep->remote_qpn;
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace rdmalab::model

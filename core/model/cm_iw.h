@@ -1,0 +1,138 @@
+// The iWARP CM of one model host (drivers/infiniband/core/iwcm.c; semantics.md F) with the
+// provider's TCP/MPA endpoint under it (what iw_cxgb4 and siw do). On the fabric the exchange
+// is packets "MPA_REQUEST", "MPA_REPLY", "TCP_FIN", "TCP_ACK" and "TCP_RST", so wire faults can
+// drop a FIN. Provider events go to a per-id work list processed in order (iwcm's work_list on
+// the ordered iw_cm_wq); a destroyed id drops what is still queued (IWCM_F_DROP_EVENTS).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/env.h"
+#include "rdmalab/error.h"
+#include "rdmalab/model.h"
+
+namespace rdmalab::model {
+
+class Device;
+class QpCore;
+
+// enum iw_cm_state (iw_cm.h).
+enum class IwCmState { IDLE, LISTEN, CONN_RECV, CONN_SENT, ESTABLISHED, CLOSING, DESTROYING };
+const char* to_string(IwCmState s);
+
+// enum iw_cm_event_type: what the provider reports.
+enum class IwCmEventType { CONNECT_REQUEST, CONNECT_REPLY, ESTABLISHED, DISCONNECT, CLOSE };
+const char* to_string(IwCmEventType t);
+
+struct IwCmEvent {
+  IwCmEventType type = IwCmEventType::CONNECT_REQUEST;
+  int status = 0;          // CONNECT_REPLY: 0, -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT
+  uint32_t id = 0;         // CONNECT_REQUEST: the new id
+  uint32_t listen_id = 0;  // CONNECT_REQUEST
+  std::vector<uint8_t> private_data;
+  std::string remote_host;
+  uint32_t remote_qpn = 0;
+};
+
+// What one TCP/MPA packet carries beyond the header a wire fault sees (Packet.opcode = kind).
+struct IwWire {
+  std::string kind;  // "MPA_REQUEST", "MPA_REPLY", "TCP_FIN", "TCP_ACK", "TCP_RST"
+  uint32_t src_ep = 0;
+  uint32_t dst_ep = 0;  // 0 in MPA_REQUEST: the listener is found by port
+  uint16_t port = 0;
+  bool reject = false;  // MPA_REPLY: the MPA reject bit
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  std::vector<uint8_t> private_data;
+};
+
+// (model) How long an unanswered MPA request or an unfinished close waits before the provider
+// gives up (iw_cxgb4's ep_timeout_secs default of 60 s; siw's MPA timeout is shorter).
+inline constexpr TimeNs kIwTimeoutNs = 60 * kNsPerSec;
+
+class IwCm {
+ public:
+  using Handler = std::function<void(const IwCmEvent&)>;
+
+  explicit IwCm(Device& dev);
+  IwCm(const IwCm&) = delete;
+  IwCm& operator=(const IwCm&) = delete;
+
+  uint32_t create_id(Handler handler);
+  void set_handler(uint32_t id, Handler handler);
+  void listen(uint32_t id, uint16_t port);  // EADDRINUSE when the port is taken
+  // iw_cm_connect / iw_cm_accept: the QP given is bound to the connection; the provider sets
+  // its peer and moves it to RTS when the connection is made.
+  void connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCore* qp,
+               const std::vector<uint8_t>& private_data);
+  void accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_data);
+  void reject(uint32_t id, const std::vector<uint8_t>& private_data);
+  void disconnect(uint32_t id, bool abrupt);  // iw_cm_disconnect; EINVAL before ESTABLISHED
+  void destroy_id(uint32_t id);               // iw_destroy_cm_id; never waits
+
+  IwCmState state(uint32_t id) const;
+  size_t queued_events(uint32_t id) const;
+  void on_wire(const IwWire& w, const std::string& src_host);
+  void reset();  // reboot: every endpoint gone, nothing sent
+  std::string dump() const;
+
+ private:
+  struct Ep {  // the iw_cm_id and the provider endpoint (c4iw_ep, siw_cep) under it
+    uint32_t id = 0;
+    IwCmState state = IwCmState::IDLE;
+    bool drop_events = false;  // IWCM_F_DROP_EVENTS
+    Handler handler;
+    uint16_t port = 0;
+    std::string remote_host;
+    uint32_t remote_ep = 0;
+    uint32_t remote_qpn = 0;
+    uint32_t remote_psn = 0;
+    std::shared_ptr<QpCore> qp;
+    uint32_t psn = 0;
+    bool connected = false;  // the provider's TCP connection is up
+    bool fin_sent = false;
+    bool fin_acked = false;
+    bool fin_rcvd = false;
+    uint64_t timer = 0;
+    std::deque<IwCmEvent> work;  // work_list
+    bool work_scheduled = false;
+  };
+
+  Ep* find(uint32_t id);
+  Ep& get(const std::string& verb, uint32_t id);
+  void set_state(Ep& ep, IwCmState to);
+  void send(Ep& ep, IwWire w);
+  void transmit(const std::string& dst_host, IwWire w, const std::string& object);
+  void arm(Ep& ep);
+  void on_timeout(uint32_t id, uint64_t epoch);
+  // provider side
+  void upcall(Ep& ep, IwCmEvent ev);           // cm_event_handler: append to the work list
+  void run_work(uint32_t id, uint64_t epoch);  // cm_work_handler
+  void process(Ep& ep, const IwCmEvent& ev);
+  void on_mpa_request(const IwWire& w, const std::string& src_host);
+  void on_mpa_reply(Ep& ep, const IwWire& w);
+  void on_fin(Ep& ep);
+  void on_ack(Ep& ep);
+  void on_rst(Ep& ep);
+  void establish_qp(Ep& ep);
+  void qp_to(Ep& ep, bool error);   // CLOSING (SQD) or ERR
+  void closed(Ep& ep, bool abort);  // the endpoint is down: QP ERR, CLOSE upcall
+  void drop_work(Ep& ep);
+  void maybe_free(uint32_t id);
+  std::string label(uint32_t id) const { return "iw_cm:" + std::to_string(id); }
+
+  Device& dev_;
+  Env& env_;
+  std::map<uint32_t, std::unique_ptr<Ep>> eps_;
+  std::map<uint16_t, uint32_t> listeners_;
+  uint32_t next_id_ = 1;
+  uint64_t epoch_ = 1;
+};
+
+}  // namespace rdmalab::model

@@ -1,0 +1,198 @@
+// The iWARP CM under rdma_cm (semantics.md F): MPA connect, graceful close with FINs, connect
+// errors, the QP's peer from the connection, and destroy with events still queued.
+#include <gtest/gtest.h>
+
+#include "model/cm_iw.h"
+#include "model/cm_rdma.h"
+#include "model/cm_test_util.h"
+
+namespace rdmalab::model {
+namespace {
+
+using namespace testing;
+using E = CmEventType;
+
+PacketHook drop_opcode(const std::string& opcode, int count = -1) {
+  auto left = std::make_shared<int>(count);
+  return [opcode, left](const Packet& p) {
+    if (p.opcode == opcode && *left != 0) {
+      if (*left > 0) --*left;
+      return PacketVerdict{PacketAction::DROP, 0};
+    }
+    return PacketVerdict{};
+  };
+}
+
+class IwPers : public ::testing::TestWithParam<std::string> {};
+
+// MPA request/reply; a graceful close: FIN, FIN, ACK; DISCONNECTED on both sides with the QP
+// in ERR by then; never TIMEWAIT_EXIT.
+TEST_P(IwPers, ConnectSendAndDisconnect) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();
+  EXPECT_EQ(client.id->protocol_state(), "CONN_SENT");
+  server.accept_next();
+  server.expect(E::ESTABLISHED, 0, t0 + kLatency);  // the provider's ESTABLISHED after its reply
+  client.expect(E::ESTABLISHED, 0, t0 + 2 * kLatency);
+  EXPECT_EQ(client.id->protocol_state(), "ESTABLISHED");
+  auto cq = client.id->qp();
+  auto sq = server.id->qp();
+  EXPECT_EQ(cq->state(), QpState::RTS);
+  EXPECT_EQ(sq->state(), QpState::RTS);
+  EXPECT_EQ(cq->query().dest_qp_num, sq->qp_num());  // the peer came from the connection
+  EXPECT_EQ(sq->query().dest_qp_num, cq->qp_num());
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "MPA_REQUEST"), 1u);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "MPA_REPLY"), 1u);
+
+  // Data flows over the connection the CM made.
+  auto smr = server.id->context()->reg_mr(*server.pd, 4096, ACCESS_LOCAL_WRITE);
+  auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
+  sq->post_recv(recv_wr(1, *smr));
+  cq->post_send(send_wr(2, *cmr));
+  auto wcs = wait_wcs(*lab, *server.cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::SUCCESS);
+  ASSERT_EQ(wait_wcs(*lab, *client.cq, 1).size(), 1u);  // the SQ is empty again
+
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.id->disconnect();
+  EXPECT_EQ(client.id->protocol_state(), "CLOSING");
+  EXPECT_EQ(cq->state(), QpState::SQD);                  // graceful: SQD is the RDMAC CLOSING state
+  client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);  // their FIN, our ACK
+  EXPECT_EQ(cq->state(), QpState::ERR);
+  server.expect(E::DISCONNECTED, 0, t1 + 3 * kLatency);  // our ACK of its FIN
+  EXPECT_EQ(sq->state(), QpState::ERR);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_FIN"), 2u);
+  EXPECT_EQ(client.id->protocol_state(), "IDLE");
+  EXPECT_TRUE(client.quiet(10 * kNsPerSec));  // no TIMEWAIT_EXIT on iWARP
+  EXPECT_TRUE(server.quiet(kNsPerSec));
+  client.id->destroy(lab->runtime().now_ns());
+  server.id->destroy(lab->runtime().now_ns());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
+
+TEST(IwCm, NoListenerIsRefused) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd client = CmEnd::on(*lab, "b");
+  client.start_connect("a", 4242);
+  const TimeNs t0 = lab->runtime().now_ns();
+  client.expect(E::REJECTED, -ECONNREFUSED, t0 + 2 * kLatency);
+  EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
+}
+
+TEST(IwCm, PeerRejectIsConnReset) {
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();
+  CmEvent req = server.next();
+  ASSERT_EQ(req.event, E::CONNECT_REQUEST);
+  server.ch->find_id(req.id)->reject({});
+  client.expect(E::REJECTED, -ECONNRESET, t0 + 2 * kLatency);
+  EXPECT_EQ(client.id->protocol_state(), "IDLE");
+}
+
+TEST(IwCm, NoAnswerIsUnreachable) {
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  lab->set_packet_hook(drop_opcode("MPA_REQUEST"));
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, t0 + kIwTimeoutNs, 2 * kIwTimeoutNs);
+  EXPECT_TRUE(server.quiet(kNsPerSec));
+}
+
+// A lost FIN: the closing side gives up after the provider timeout and resets the connection;
+// both sides get DISCONNECTED (status -ECONNRESET, cxgb4's peer_abort_upcall).
+TEST(IwCm, LostFinEndsInAReset) {
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  lab->set_packet_hook(drop_opcode("TCP_FIN", 1));
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.id->disconnect();
+  client.expect(E::DISCONNECTED, -ECONNRESET, t1 + kIwTimeoutNs, 2 * kIwTimeoutNs);
+  server.expect(E::DISCONNECTED, -ECONNRESET, t1 + kIwTimeoutNs + kLatency);
+  EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
+}
+
+// seed 000: a graceful close of an iWARP QP with send WRs outstanding is ERR, not CLOSING.
+TEST(IwCm, GracefulCloseWithSqWorkIsError) {
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
+  client.id->qp()->post_send(send_wr(1, *cmr));  // no receive posted: RNR, stays outstanding
+  lab->run_for(kNsPerMs);
+  client.id->disconnect();
+  EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
+  EXPECT_EQ(client.id->protocol_state(), "CLOSING");
+}
+
+// Destroy while the peer's DISCONNECT is still on the id's work list: the event is dropped
+// (IWCM_F_DROP_EVENTS), destroy does not wait, nothing reaches the channel after it.
+TEST(IwCm, DestroyWithQueuedEventsDropsThem) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.id->disconnect();
+  auto conn = std::dynamic_pointer_cast<ModelCmId>(server.id);
+  ASSERT_TRUE(conn);
+  size_t disconnects_raised = 0;
+  std::string state_at_destroy;
+  // Runs after the FIN's arrival (scheduled first), before the work item it queued.
+  lab->at(t1 + kLatency, [&] {
+    disconnects_raised = count_records(*lab, "iw_event", "event", "DISCONNECT");
+    state_at_destroy = conn->protocol_state();
+    conn->release(Release::kVerb);  // rdma_destroy_id with nothing to ack: it does not block
+  });
+  client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);
+  EXPECT_EQ(disconnects_raised, 1u);
+  EXPECT_EQ(state_at_destroy, "ESTABLISHED");  // the DISCONNECT was still queued
+  EXPECT_EQ(count_records(*lab, "iw_event_dropped", "event", "DISCONNECT"), 1u);
+  EXPECT_TRUE(server.id->destroyed());
+  EXPECT_TRUE(server.quiet(2 * kIwTimeoutNs));
+  EXPECT_TRUE(client.quiet(kNsPerSec));
+}
+
+TEST(IwCm, DumpShowsIwState) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  const std::string d = lab->dump_state();
+  EXPECT_NE(d.find(client.id->label() + " rdma_cm CONNECT iw_cm ESTABLISHED"), std::string::npos)
+      << d;
+  EXPECT_NE(d.find("iw_cm:"), std::string::npos) << d;
+}
+
+}  // namespace
+}  // namespace rdmalab::model

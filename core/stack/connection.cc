@@ -1,0 +1,501 @@
+#include "stack/connection.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "rdmalab/error.h"
+
+namespace rdmalab::stack {
+
+namespace {
+
+// How long one blocking read or idle worker wait lasts before the stop flag is checked.
+constexpr TimeNs kEventPollNs = 10 * kNsPerMs;
+constexpr TimeNs kWorkerPollNs = 50 * kNsPerMs;
+
+struct Queued {
+  CmEvent ev;
+  CmHandler handler;  // chosen when the event was read
+};
+
+// One id's work list (iwcm_id_private's work_list) and what the pump knows of it.
+struct Entry {
+  uint64_t id = 0;
+  std::string label;
+  CmHandler handler;  // the id's own, or inherited from its listener
+  std::deque<Queued> fifo;
+  std::vector<CmEventRecord> seen;  // every event read for the id
+  size_t requests_taken = 0;        // listener: CONNECT_REQUESTs handed out
+  int running = 0;
+  std::thread::id running_thread;
+  uint64_t running_listen_id = 0;  // a CONNECT_REQUEST handler: its listener
+  bool in_ready = false;
+  bool destroying = false;
+};
+
+nlohmann::json event_json(const CmEvent& ev) {
+  nlohmann::json j = {{"event", std::string(to_string(ev.event))},
+                      {"status", ev.status},
+                      {"id", ev.id},
+                      {"seq", ev.seq}};
+  if (ev.event == CmEventType::CONNECT_REQUEST) j["listen_id"] = ev.listen_id;
+  return j;
+}
+
+}  // namespace
+
+struct CmEventPump::State {
+  State(Runtime& rt, std::shared_ptr<CmEventChannel> c, History* h, std::string host_name)
+      : runtime(rt), channel(std::move(c)), history(h), host(std::move(host_name)) {}
+
+  Runtime& runtime;
+  std::shared_ptr<CmEventChannel> channel;
+  History* history;
+  std::string host;
+
+  std::mutex mu;  // short sections only: never held across a wait, a handler, an ack or a record
+  // Never erased: a destroyed id stays as a tombstone, so its late events are dropped.
+  std::map<uint64_t, std::shared_ptr<Entry>> entries;
+  std::deque<std::shared_ptr<Entry>> ready;
+  CmHandler fallback;
+  CmPumpStats stats;
+  bool stop = false;
+  int live_threads = 0;
+
+  void record(const std::string& object, const std::string& kind, nlohmann::json data) {
+    if (history != nullptr) history->record(host, object, kind, std::move(data));
+  }
+
+  void ack(const CmEvent& ev) {
+    try {
+      channel->ack_event(ev);
+    } catch (const Error& e) {  // channel or id gone: nothing is left to wait for the ack
+      auto data = event_json(ev);
+      data["errno"] = e.err();
+      record("", "cm_ack_failed", std::move(data));
+    }
+  }
+
+  // The history's name for an id ("cm_id:3"); asked of the channel, so never under mu.
+  std::string label_of(uint64_t id) {
+    try {
+      if (auto p = channel->find_id(id)) return p->label();
+    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): fall back to the number
+    }
+    return "cm_id:" + std::to_string(id);
+  }
+
+  std::shared_ptr<Entry> entry_locked(uint64_t id, const std::string& label) {
+    auto& e = entries[id];
+    if (!e) {
+      e = std::make_shared<Entry>();
+      e->id = id;
+      e->label = label;
+    }
+    return e;
+  }
+
+  void schedule_locked(const std::shared_ptr<Entry>& e) {
+    if (!e->fifo.empty() && !e->in_ready && e->running == 0) {
+      e->in_ready = true;
+      ready.push_back(e);
+    }
+  }
+
+  size_t count_locked(uint64_t id, CmEventType type) const {
+    auto it = entries.find(id);
+    if (it == entries.end()) return 0;
+    return static_cast<size_t>(
+        std::count_if(it->second->seen.begin(), it->second->seen.end(),
+                      [type](const auto& r) { return r.event.event == type; }));
+  }
+
+  // rdma_destroy_id on a new id whose CONNECT_REQUEST no handler will see (its listener is
+  // being destroyed): the CM answers the REQ with a REJ (cm_destroy_id in REQ_RCVD).
+  void dispose_orphan(uint64_t id, const std::string& label, TimeNs deadline_ns) {
+    try {
+      if (auto p = channel->find_id(id)) p->destroy(deadline_ns);
+      record(label, "cm_destroy_end", {{"id", id}, {"reason", "orphaned CONNECT_REQUEST"}});
+    } catch (const Error& e) {
+      record(label, "cm_destroy_failed", {{"id", id}, {"verb", e.verb()}, {"errno", e.err()}});
+    }
+  }
+
+  void route(const CmEvent& ev);
+  void event_loop();
+  void worker_loop();
+  bool run_one();
+};
+
+void CmEventPump::State::route(const CmEvent& ev) {
+  const bool request = ev.event == CmEventType::CONNECT_REQUEST;
+  const std::string label = label_of(ev.id);
+  const std::string listener_label = request ? label_of(ev.listen_id) : "";
+  std::shared_ptr<Entry> e;
+  std::string how;
+  {
+    std::lock_guard lock(mu);
+    ++stats.read;
+    const TimeNs now = runtime.now_ns();
+    e = entry_locked(ev.id, label);
+    e->seen.push_back({ev, now});
+    std::shared_ptr<Entry> listener;
+    if (request) {
+      listener = entry_locked(ev.listen_id, listener_label);
+      listener->seen.push_back({ev, now});
+      if (!e->handler && !listener->destroying) e->handler = listener->handler;  // inherited
+    }
+    CmHandler handler = e->handler ? e->handler : fallback;
+    if (listener && listener->destroying && !e->destroying) {
+      e->destroying = true;
+      how = "orphaned";
+      ++stats.dropped;
+    } else if (e->destroying) {
+      how = "dropped";
+      ++stats.dropped;
+    } else if (!handler) {
+      how = "none";
+      ++stats.unhandled;
+    } else {
+      how = e->handler ? "id" : "default";
+      e->fifo.push_back({ev, std::move(handler)});  // scheduled after the record below
+    }
+  }
+  auto data = event_json(ev);
+  data["handler"] = how;
+  const bool drop = how == "dropped" || how == "orphaned";
+  record(label, drop ? "cm_event_dropped_after_destroy" : "cm_event_dispatched", std::move(data));
+  if (drop || how == "none") {
+    ack(ev);
+    if (how == "orphaned") dispose_orphan(ev.id, label, runtime.now_ns() + kNsPerSec);
+  } else {
+    std::lock_guard lock(mu);
+    schedule_locked(e);
+  }
+  runtime.notify_all();
+}
+
+void CmEventPump::State::event_loop() {
+  while (!runtime.stopping()) {
+    {
+      std::lock_guard lock(mu);
+      if (stop) break;
+    }
+    std::optional<CmEvent> ev;
+    try {
+      ev = channel->get_event(runtime.now_ns() + kEventPollNs);
+    } catch (const Error& e) {  // the channel went away (destroyed, process killed, reboot)
+      record("", "cm_pump_error", {{"verb", e.verb()}, {"errno", e.err()}});
+      break;
+    }
+    if (ev) route(*ev);
+  }
+}
+
+bool CmEventPump::State::run_one() {
+  std::shared_ptr<Entry> e;
+  Queued q;
+  {
+    std::lock_guard lock(mu);
+    if (stop || ready.empty()) return false;
+    e = ready.front();
+    ready.pop_front();
+    e->in_ready = false;
+    if (e->fifo.empty()) return true;  // dropped by a destroy meanwhile
+    q = std::move(e->fifo.front());
+    e->fifo.pop_front();
+    ++e->running;
+    e->running_thread = std::this_thread::get_id();
+    e->running_listen_id = q.ev.event == CmEventType::CONNECT_REQUEST ? q.ev.listen_id : 0;
+    stats.max_concurrent_per_id = std::max(stats.max_concurrent_per_id, e->running);
+  }
+  record(e->label, "cm_handler_begin", event_json(q.ev));
+  bool failed = false;
+  try {
+    q.handler(q.ev);
+  } catch (const std::exception& ex) {
+    failed = true;
+    auto data = event_json(q.ev);
+    data["what"] = ex.what();
+    record(e->label, "cm_handler_error", std::move(data));
+  }
+  record(e->label, "cm_handler_end", event_json(q.ev));
+  ack(q.ev);
+  {
+    std::lock_guard lock(mu);
+    --e->running;
+    e->running_thread = {};
+    e->running_listen_id = 0;
+    ++stats.delivered;
+    if (failed) ++stats.handler_errors;
+    schedule_locked(e);
+  }
+  runtime.notify_all();
+  return true;
+}
+
+void CmEventPump::State::worker_loop() {
+  while (!runtime.stopping()) {
+    runtime.wait_until(
+        [this] {
+          std::lock_guard lock(mu);
+          return stop || !ready.empty();
+        },
+        runtime.now_ns() + kWorkerPollNs);
+    {
+      std::lock_guard lock(mu);
+      if (stop) break;
+    }
+    while (run_one()) {
+    }
+  }
+}
+
+CmEventPump::CmEventPump(Runtime& runtime, std::shared_ptr<CmEventChannel> channel,
+                         History* history, std::string host, int workers)
+    : runtime_(runtime),
+      channel_(channel),
+      workers_(workers),
+      state_(std::make_shared<State>(runtime, std::move(channel), history, std::move(host))) {
+  if (!channel_) throw Error("CmEventPump", EINVAL, "no event channel");
+  if (workers_ < 1) throw Error("CmEventPump", EINVAL, "need at least one worker");
+}
+
+CmEventPump::~CmEventPump() {
+  try {
+    stop(runtime_.now_ns() + kNsPerSec);
+  } catch (...) {  // NOLINT(bugprone-empty-catch)
+    // Threads still running keep the shared state alive and exit on the stop flag.
+  }
+}
+
+void CmEventPump::start() {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    if (st.live_threads > 0) throw Error("CmEventPump::start", EALREADY, "already started");
+    st.stop = false;
+    st.live_threads = 1 + workers_;
+  }
+  std::shared_ptr<State> shared = state_;
+  auto finish = [](const std::shared_ptr<State>& s) {
+    {
+      std::lock_guard lock(s->mu);
+      --s->live_threads;
+    }
+    s->runtime.notify_all();
+  };
+  runtime_.spawn(st.host + ":cm_events", [shared, finish] {
+    shared->event_loop();
+    finish(shared);
+  });
+  for (int i = 0; i < workers_; ++i) {
+    runtime_.spawn(st.host + ":cm_worker" + std::to_string(i), [shared, finish] {
+      shared->worker_loop();
+      finish(shared);
+    });
+  }
+}
+
+bool CmEventPump::running() const {
+  std::lock_guard lock(state_->mu);
+  return state_->live_threads > 0 && !state_->stop;
+}
+
+void CmEventPump::stop(TimeNs deadline_ns) {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    if (st.live_threads == 0 && st.ready.empty()) return;
+    st.stop = true;
+  }
+  runtime_.notify_all();
+  const bool ended = runtime_.wait_until(
+      [&st] {
+        std::lock_guard lock(st.mu);
+        return st.live_threads == 0;
+      },
+      deadline_ns);
+  std::vector<CmEvent> left;
+  {
+    std::lock_guard lock(st.mu);
+    for (auto& [id, e] : st.entries) {
+      for (auto& q : e->fifo) left.push_back(q.ev);
+      e->fifo.clear();
+      e->in_ready = false;
+    }
+    st.ready.clear();
+    st.stats.dropped += left.size();
+  }
+  for (const auto& ev : left) {
+    auto data = event_json(ev);
+    data["reason"] = "stop";
+    st.record("", "cm_event_dropped", std::move(data));
+    st.ack(ev);
+  }
+  if (!ended) throw DeadlineExceeded("CmEventPump::stop", "a CM event handler is still running");
+}
+
+void CmEventPump::watch(const CmId& id, CmHandler handler) {
+  if (!handler) throw Error("CmEventPump::watch", EINVAL, "empty handler");
+  if (id.destroyed()) throw Error("CmEventPump::watch", EBADF, id.label() + " destroyed");
+  const std::string label = id.label();
+  std::lock_guard lock(state_->mu);
+  auto e = state_->entry_locked(id.id(), label);
+  if (e->destroying) throw Error("CmEventPump::watch", EBADF, label + " is being destroyed");
+  if (e->handler) throw Error("CmEventPump::watch", EEXIST, label + " already watched");
+  e->handler = std::move(handler);
+}
+
+void CmEventPump::set_default_handler(CmHandler handler) {
+  std::lock_guard lock(state_->mu);
+  state_->fallback = std::move(handler);
+}
+
+std::vector<CmEventRecord> CmEventPump::events(uint64_t id_object) const {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->entries.find(id_object);
+  return it == state_->entries.end() ? std::vector<CmEventRecord>{} : it->second->seen;
+}
+
+std::optional<CmEvent> CmEventPump::wait_event(uint64_t id_object, CmEventType type,
+                                               TimeNs deadline_ns, size_t min_count) {
+  if (min_count == 0) throw Error("CmEventPump::wait_event", EINVAL, "min_count must be >= 1");
+  State& st = *state_;
+  const bool ok = runtime_.wait_until(
+      [&st, id_object, type, min_count] {
+        std::lock_guard lock(st.mu);
+        return st.count_locked(id_object, type) >= min_count;
+      },
+      deadline_ns);
+  if (!ok) return std::nullopt;
+  std::lock_guard lock(st.mu);
+  size_t n = 0;
+  for (const auto& r : st.entries.at(id_object)->seen) {
+    if (r.event.event == type && ++n == min_count) return r.event;
+  }
+  return std::nullopt;  // unreachable: seen only grows
+}
+
+std::optional<CmEventRecord> CmEventPump::wait_first(uint64_t id_object,
+                                                     const std::vector<CmEventType>& types,
+                                                     TimeNs deadline_ns, size_t from_index) {
+  State& st = *state_;
+  auto find = [&st, id_object, &types, from_index]() -> std::optional<CmEventRecord> {
+    auto it = st.entries.find(id_object);
+    if (it == st.entries.end()) return std::nullopt;
+    const auto& seen = it->second->seen;
+    for (size_t i = from_index; i < seen.size(); ++i) {
+      if (std::find(types.begin(), types.end(), seen[i].event.event) != types.end()) return seen[i];
+    }
+    return std::nullopt;
+  };
+  const bool ok = runtime_.wait_until(
+      [&st, &find] {
+        std::lock_guard lock(st.mu);
+        return find().has_value();
+      },
+      deadline_ns);
+  if (!ok) return std::nullopt;
+  std::lock_guard lock(st.mu);
+  return find();
+}
+
+std::optional<CmEvent> CmEventPump::next_connect_request(uint64_t listen_id, TimeNs deadline_ns) {
+  State& st = *state_;
+  for (;;) {
+    const bool ok = runtime_.wait_until(
+        [&st, listen_id] {
+          std::lock_guard lock(st.mu);
+          auto it = st.entries.find(listen_id);
+          return it != st.entries.end() &&
+                 st.count_locked(listen_id, CmEventType::CONNECT_REQUEST) >
+                     it->second->requests_taken;
+        },
+        deadline_ns);
+    if (!ok) return std::nullopt;
+    std::lock_guard lock(st.mu);
+    auto& e = *st.entries.at(listen_id);
+    size_t n = 0;
+    for (const auto& r : e.seen) {
+      if (r.event.event != CmEventType::CONNECT_REQUEST) continue;
+      if (n++ == e.requests_taken) {
+        ++e.requests_taken;
+        return r.event;
+      }
+    }
+    // another caller took it between the wait and the lock: wait again
+  }
+}
+
+CmPumpStats CmEventPump::stats() const {
+  std::lock_guard lock(state_->mu);
+  return state_->stats;
+}
+
+void CmEventPump::destroy_id(CmId& id, TimeNs deadline_ns) {
+  State& st = *state_;
+  const uint64_t idn = id.id();
+  const std::string label = id.label();
+  std::shared_ptr<Entry> e;
+  std::vector<std::pair<std::string, CmEvent>> dropped;  // (label, event)
+  std::vector<std::pair<uint64_t, std::string>> orphans;
+  {
+    std::lock_guard lock(st.mu);
+    const auto self = std::this_thread::get_id();
+    for (const auto& [cid, c] : st.entries) {
+      if (c->running > 0 && c->running_thread == self &&
+          (cid == idn || c->running_listen_id == idn)) {
+        throw Error("rdma_destroy_id", EDEADLK, label + ": destroy from its own event handler");
+      }
+    }
+    e = st.entry_locked(idn, label);
+    e->destroying = true;
+    for (auto& q : e->fifo) dropped.emplace_back(label, q.ev);
+    e->fifo.clear();
+    // New ids whose CONNECT_REQUEST from this listener no handler has seen yet.
+    for (auto& [cid, c] : st.entries) {
+      if (c->destroying || c->running > 0 || c->fifo.empty()) continue;
+      const CmEvent& front = c->fifo.front().ev;
+      if (front.event != CmEventType::CONNECT_REQUEST || front.listen_id != idn) continue;
+      c->destroying = true;
+      for (auto& q : c->fifo) dropped.emplace_back(c->label, q.ev);
+      c->fifo.clear();
+      orphans.emplace_back(cid, c->label);
+    }
+    st.stats.dropped += dropped.size();
+  }
+  st.record(label, "cm_destroy_begin",
+            {{"id", idn}, {"dropped", dropped.size()}, {"orphans", orphans.size()}});
+  for (const auto& [l, ev] : dropped) {
+    st.record(l, "cm_event_dropped_after_destroy", event_json(ev));
+    st.ack(ev);
+  }
+  for (const auto& [cid, l] : orphans) st.dispose_orphan(cid, l, deadline_ns);
+  runtime_.notify_all();
+  const bool idle = runtime_.wait_until(
+      [&st, e, idn] {
+        std::lock_guard lock(st.mu);
+        if (e->running > 0) return false;
+        return std::none_of(st.entries.begin(), st.entries.end(),
+                            [idn](const auto& kv) { return kv.second->running_listen_id == idn; });
+      },
+      deadline_ns);
+  if (!idle) {
+    st.record(label, "cm_destroy_timeout", {{"id", idn}});
+    throw DeadlineExceeded("rdma_destroy_id", label + ": a CM event handler is still running");
+  }
+  try {
+    id.destroy(deadline_ns);
+  } catch (const Error& err) {
+    st.record(label, "cm_destroy_failed",
+              {{"id", idn}, {"verb", err.verb()}, {"errno", err.err()}});
+    throw;
+  }
+  st.record(label, "cm_destroy_end", {{"id", idn}});
+}
+
+}  // namespace rdmalab::stack

@@ -1,0 +1,195 @@
+"""Connection management (semantics.md A, B, F; seeds 001 and 004) through rdma_cm.
+
+Every scenario asserts the event sequence of each id and, where the protocol has timers, the
+time bound computed from the kernel's formulas (rdmalab.cm_timing)."""
+
+import pytest
+
+from rdmalab import checks, ms, sec
+from rdmalab.cm_timing import IbCmTiming
+from rdmalab.resources import CmPair
+
+IB_FAMILY = ["IB", "RoCE"]
+
+
+def names(conn):
+    return [e.name for e in conn.events]
+
+
+def is_iwarp(lab):
+    return lab.host("a").caps().transport == "iWARP"
+
+
+def test_connect_and_disconnect(lab):
+    pair = CmPair(lab)
+    client, server = pair.client.conn, pair.server.conn
+    # Data flows over the connection the CM made.
+    pair.server.post_recv(length=64)
+    pair.client.post_send(length=64)
+    assert pair.server.wait_completions(1) and pair.client.wait_completions(1)
+
+    t0 = lab.now_ns
+    client.disconnect()
+    server.wait("DISCONNECTED", ms(100))
+    server.disconnect()
+    client.wait("DISCONNECTED", ms(100))
+    if is_iwarp(lab):
+        lab.run_for(sec(5))
+        # iWARP: only CLOSE reaches rdma_cm users; never TIMEWAIT_EXIT (iwcm.c, cma_iw_handler).
+        assert names(client) == ["ADDR_RESOLVED", "ROUTE_RESOLVED", "ESTABLISHED", "DISCONNECTED"]
+        assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED"]
+    else:
+        timing = IbCmTiming.for_caps(lab.host("a").caps())
+        client.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10))
+        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10))
+        assert names(client) == ["ADDR_RESOLVED", "ROUTE_RESOLVED", "ESTABLISHED",
+                                 "DISCONNECTED", "TIMEWAIT_EXIT"]
+        assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED",
+                                 "TIMEWAIT_EXIT"]
+        # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
+        assert client.events[3].t_ns - t0 < ms(10)
+    assert all(e.status == 0 for e in client.events + server.events)
+    assert pair.client.qp.state == "ERR"
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
+def test_every_drep_dropped(lab):
+    """Seed 004: a DREQ that never gets its DREP is retried, then DREQ_ERROR: the disconnecting
+    side sees DISCONNECTED(-ETIMEDOUT) after the retry budget, then TIMEWAIT_EXIT; the peer
+    sees DISCONNECTED at once."""
+    timing = IbCmTiming.for_caps(lab.host("a").caps())
+    pair = CmPair(lab)
+    client, server = pair.client.conn, pair.server.conn
+    lab.faults.drop(cm="DREP")
+
+    t0 = lab.now_ns
+    client.disconnect()
+    peer_ev = server.wait("DISCONNECTED", ms(100))
+    assert peer_ev.status == 0 and peer_ev.t_ns - t0 < ms(10)
+    server.disconnect()                    # sends the DREP, which is lost
+
+    ev = client.wait("DISCONNECTED", timing.dreq_give_up_ns + sec(1))
+    assert ev.status_name == "ETIMEDOUT"
+    elapsed = ev.t_ns - t0
+    assert timing.dreq_give_up_ns - ms(10) <= elapsed <= timing.dreq_give_up_ns + ms(100), \
+        (elapsed, timing.dreq_give_up_ns)
+    exit_ev = client.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(100))
+    assert exit_ev.t_ns - ev.t_ns <= timing.timewait_ns + ms(10)
+
+    dreqs = [r for r in checks.records(lab.history(), "cm_send", host="a")
+             if r["data"].get("msg") == "DREQ"]
+    assert len(dreqs) == timing.max_cm_retries + 1
+    assert lab.faults.counts().get("drop", 0) >= 1
+    assert names(client)[-2:] == ["DISCONNECTED", "TIMEWAIT_EXIT"]
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
+def test_rebooted_peer_reconnects_with_the_same_qpn(lab):
+    """Seed 004 / vmlab.md: the client host reboots (same GUID, same first QPN) and connects
+    again. Its REQ looks like the stale connection the server still holds: REJECTED(10), and
+    the server's old id sends a DREQ that the rebooted host answers with a DREP for an unknown
+    connection: DISCONNECTED(0) on the survivor. The retry connects."""
+    pair = CmPair(lab)
+    old_qpn = pair.client.qp.qp_num
+    survivor = pair.server.conn
+
+    lab.faults.reboot("a", sec(1))
+    lab.run_for(sec(1) + ms(1))
+    ch = lab.host("a").process("cm-client-2").event_channel()
+    retry = ch.connect("b", 7471)
+    assert retry.qp.qp_num == old_qpn, "the rebooted host should hand out its first QPN again"
+    rej = retry.wait("REJECTED", sec(2))
+    assert rej.status_name == "STALE_CONN"
+    old = survivor.wait("DISCONNECTED", sec(2))
+    assert old.status == 0
+    assert "TIMEWAIT_EXIT" not in names(retry)
+
+    again = ch.connect("b", 7471)
+    req = pair.listener.wait_request(sec(2))
+    req.accept()
+    again.wait("ESTABLISHED", sec(2))
+    req.wait("ESTABLISHED", sec(2))
+    assert again.qp.qp_num != old_qpn
+
+
+def test_connect_to_a_port_with_no_listener(lab):
+    ch = lab.host("a").process("client").event_channel()
+    conn = ch.connect("b", 9999)
+    ev = conn.wait("REJECTED", sec(2))
+    if is_iwarp(lab):
+        assert ev.status_name == "ECONNREFUSED"
+    else:
+        assert ev.status_name == "INVALID_SERVICE_ID"  # REJ reason 8
+    lab.run_for(sec(5))
+    assert "TIMEWAIT_EXIT" not in names(conn)        # no TIMEWAIT after REJECTED
+    assert conn.qp.state == "ERR"                    # librdmacm moves the QP to ERR on REJECTED
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
+def test_lost_rep_is_retransmitted(lab):
+    timing = IbCmTiming.for_caps(lab.host("a").caps())
+    lab.faults.drop(cm="REP", count=1)
+    t0 = lab.now_ns
+    pair = CmPair(lab, timeout_ns=3 * timing.passive_timeout_ns)
+    est = pair.client.conn.wait("ESTABLISHED")
+    assert est.t_ns - t0 >= timing.passive_timeout_ns - ms(10)  # after the REP's timeout
+    sent = [r["data"].get("msg") for r in checks.records(lab.history(), "cm_send", host="b")]
+    assert sent.count("REP") == 2
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
+def test_lost_rtu_is_recovered(lab):
+    """The passive side stays in REP_SENT and retransmits REP; the active side answers the
+    duplicate REP with another RTU (cm_dup_rep_handler)."""
+    timing = IbCmTiming.for_caps(lab.host("a").caps())
+    lab.faults.drop(cm="RTU", count=1)
+    pair = CmPair(lab, timeout_ns=3 * timing.passive_timeout_ns)
+    assert pair.server.conn.protocol_state == "ESTABLISHED"
+    sent_a = [r["data"].get("msg") for r in checks.records(lab.history(), "cm_send", host="a")]
+    assert sent_a.count("RTU") == 2
+
+
+@pytest.mark.requires(transport="iWARP")
+def test_iwarp_destroy_with_events_still_queued(lab):
+    """Seed 001: an iWARP id destroyed while its events wait in the iw_cm work list: destroy
+    returns, the queued events are dropped, none reaches the user afterwards, no deadlock."""
+    pair = CmPair(lab)
+    server = pair.server.conn
+    pair.client.conn.disconnect()
+    # The FIN reaches b, whose iw_cm queues the close events for the id; destroy it at once.
+    lab.wait_until(lambda: any(r["kind"] == "cm_recv" and r["host"] == "b"
+                               and r["data"].get("msg") in ("TCP_FIN", "FIN")
+                               for r in lab.history()[-20:]), ms(100), "the FIN at b")
+    pair.server.close(ms(100))
+    destroyed_at = lab.now_ns
+    lab.run_for(ms(100))
+    assert all(e.t_ns <= destroyed_at for e in server.events)
+    assert "DISCONNECTED" not in names(server)
+    assert server.destroyed
+
+
+def test_cm_events_of_one_id_are_serialised_and_none_after_destroy(lab):
+    pair = CmPair(lab)
+    seen = []
+
+    def slow(ev):
+        seen.append((ev.event, lab.now_ns))
+        lab.sleep(ms(2))
+
+    pair.server_channel.watch(pair.server.conn, slow)
+    pair.client.conn.disconnect()
+    pair.server.conn.wait("DISCONNECTED", ms(100))
+    pair.server.conn.disconnect()
+    lab.run_for(ms(1))
+    pair.server.close(ms(100))
+    returned = lab.now_ns
+    lab.run_for(sec(5))
+    assert all(t < returned for _, t in seen), seen
+    history = lab.history()
+    begins = checks.records(history, "cm_handler_begin", host="b")
+    ends = checks.records(history, "cm_handler_end", host="b")
+    assert len(begins) == len(ends) >= 1
+    for b_, e_ in zip(begins, ends):
+        assert b_["seq"] < e_["seq"]
+    destroyed = checks.records(history, "cm_destroy_end", host="b")
+    assert destroyed and all(b_["seq"] < destroyed[-1]["seq"] for b_ in begins)
