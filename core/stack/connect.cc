@@ -58,10 +58,10 @@ QpAttr bring_up_attr(const Endpoint& local, const Endpoint& remote, const RcPara
   return a;
 }
 
-// On iWARP the connection binds a QP to its peer (iw_cm), not modify. Until the model's iWARP
-// CM lands, bring_up hands an iWARP QP its peer in the attributes iw_cm would take from the
-// connection (AV, DEST_QPN, PSNs); the model accepts any attribute on iWARP. A real iWARP
-// device is connected through rdma_cm instead.
+// On iWARP the connection binds a QP to its peer (iw_cm), not modify: QPs made through
+// rdma_cm get their peer from the model's iWARP CM. A QP made with ibv_create_qp and brought
+// up here gets its peer in the attributes iw_cm would take from the connection (AV, DEST_QPN,
+// PSNs), which the model accepts on iWARP; a real iWARP device needs rdma_cm instead.
 constexpr uint32_t kIwarpPeerRtr = QP_AV | QP_DEST_QPN | QP_RQ_PSN;
 constexpr uint32_t kIwarpPeerRts = QP_SQ_PSN;
 
