@@ -10,7 +10,7 @@ OUT        ?= out
 
 DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
-        libibverbs-dev librdmacm-dev prometheus-cpp-dev
+        libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin

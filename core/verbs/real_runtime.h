@@ -1,0 +1,51 @@
+// The verbs backend's Runtime: real std::threads on CLOCK_MONOTONIC. wait_until re-checks its
+// predicate on every notify_all and at least every kPollNs, so a pred that depends on state
+// nobody notifies about (a device, another process) is still seen within a poll interval.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmalab/runtime.h"
+
+namespace rdmalab::verbs {
+
+class RealRuntime final : public Runtime {
+ public:
+  static constexpr TimeNs kPollNs = kNsPerMs;
+
+  RealRuntime() = default;
+  ~RealRuntime() override;
+  RealRuntime(const RealRuntime&) = delete;
+  RealRuntime& operator=(const RealRuntime&) = delete;
+
+  TimeNs now_ns() const override;
+  void spawn(const std::string& name, std::function<void()> body) override;
+  bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) override;
+  void notify_all() override;
+  bool stopping() const override;
+
+  // Sets stopping (waits return at once), wakes every waiter and joins the spawned threads.
+  // Idempotent; must not be called from a spawned thread.
+  void shutdown();
+
+  // Exceptions that escaped a spawned thread's body ("name: what"), in order.
+  std::vector<std::string> thread_errors() const;
+
+ private:
+  void run_body(const std::string& name, const std::function<void()>& body);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // bumped by notify_all: a waiter never misses a notify
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+  std::vector<std::string> thread_errors_;
+};
+
+}  // namespace rdmalab::verbs

@@ -1,0 +1,148 @@
+#include "verbs/verbs_lab.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "verbs/cm.h"
+#include "verbs/context.h"
+#include "verbs/handles.h"
+
+namespace rdmalab::verbs {
+
+namespace {
+constexpr const char* kNoDevice = "no RDMA device (ibv_get_device_list is empty)";
+}
+
+std::shared_ptr<VerbsContext> open_local_device(const std::string& device_name, History* history,
+                                                const std::string& host) {
+  int n = 0;
+  DeviceList list = get_device_list(&n);
+  if (n == 0) throw Error("ibv_open_device", ENODEV, kNoDevice);
+  for (int i = 0; i < n; ++i) {
+    ibv_device* dev = list.get()[i];
+    if (device_name.empty() || device_name == ibv_get_device_name(dev)) {
+      return std::make_shared<VerbsContext>(dev, history, host);
+    }
+  }
+  throw Error("ibv_open_device", ENODEV, "no RDMA device named " + device_name);
+}
+
+// --- process
+LocalProcess::LocalProcess(History* history, std::string host, std::string name)
+    : history_(history), host_(std::move(host)), name_(std::move(name)) {}
+
+uint64_t LocalProcess::pid() const {
+  return static_cast<uint64_t>(::getpid());
+}
+
+std::shared_ptr<Context> LocalProcess::open_device(const std::string& device_name) {
+  auto ctx = open_local_device(device_name, history_, host_);
+  std::lock_guard<std::mutex> lock(mu_);
+  contexts_.push_back(ctx);
+  return ctx;
+}
+
+std::shared_ptr<CmEventChannel> LocalProcess::create_event_channel() {
+  auto ch = std::make_shared<VerbsCmEventChannel>(history_, host_);
+  ch->start();
+  std::lock_guard<std::mutex> lock(mu_);
+  channels_.push_back(ch);
+  return ch;
+}
+
+void LocalProcess::kill() {
+  throw Error("kill", EOPNOTSUPP,
+              "proc:" + name_ + " is the harness process itself; kill needs the VM lab");
+}
+
+void LocalProcess::shutdown() {
+  std::vector<std::shared_ptr<VerbsContext>> contexts;
+  std::vector<std::shared_ptr<VerbsCmEventChannel>> channels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts.swap(contexts_);
+    channels.swap(channels_);
+  }
+  // Newest first, as a process exit unwinds.
+  std::reverse(channels.begin(), channels.end());
+  std::reverse(contexts.begin(), contexts.end());
+  for (auto& ch : channels) ch->release();
+  if (!channels.empty()) close_cm_contexts();
+  for (auto& ctx : contexts) {
+    try {
+      if (!ctx->destroyed()) ctx->close();
+    } catch (const Error& e) {  // shutdown goes on; the failure is in the history
+      if (history_ != nullptr) {
+        history_->record(host_, ctx->label(), "shutdown_error",
+                         {{"verb", e.verb()}, {"errno", e.err()}, {"detail", e.detail()}});
+      }
+    }
+  }
+}
+
+// --- host
+LocalHost::LocalHost(History* history, std::string name)
+    : history_(history), name_(std::move(name)) {}
+
+std::vector<std::string> LocalHost::device_names() const {
+  int n = 0;
+  DeviceList list = get_device_list(&n);
+  std::vector<std::string> names;
+  names.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) names.emplace_back(ibv_get_device_name(list.get()[i]));
+  return names;
+}
+
+DeviceCaps LocalHost::device_caps(const std::string& device_name) const {
+  auto ctx = open_local_device(device_name, nullptr, name_);
+  DeviceCaps caps = ctx->caps();
+  ctx->close();
+  return caps;
+}
+
+std::shared_ptr<Process> LocalHost::create_process(const std::string& name) {
+  auto p = std::make_shared<LocalProcess>(history_, name_, name);
+  std::lock_guard<std::mutex> lock(mu_);
+  processes_.push_back(p);
+  return p;
+}
+
+std::vector<std::shared_ptr<Process>> LocalHost::processes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {processes_.begin(), processes_.end()};
+}
+
+void LocalHost::shutdown() {
+  std::vector<std::shared_ptr<LocalProcess>> procs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    procs = processes_;
+  }
+  std::reverse(procs.begin(), procs.end());
+  for (auto& p : procs) p->shutdown();
+}
+
+// --- lab
+VerbsLab::VerbsLab(uint64_t seed)
+    : seed_(seed),
+      history_([this] { return runtime_.now_ns(); }),
+      host_(std::make_shared<LocalHost>(&history_, "local")) {}
+
+VerbsLab::~VerbsLab() {
+  shutdown();
+}
+
+std::shared_ptr<Host> VerbsLab::host(const std::string& name) const {
+  if (name != host_->name()) throw Error("host", ENOENT, "no host " + name + " in the verbs lab");
+  return host_;
+}
+
+void VerbsLab::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  runtime_.shutdown();  // harness threads first: they may still use the objects
+  host_->shutdown();
+}
+
+}  // namespace rdmalab::verbs

@@ -1,0 +1,149 @@
+#include "verbs/verbs_lab.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "rdmalab/error.h"
+#include "verbs/context.h"
+#include "verbs/test_util.h"
+
+namespace rdmalab::verbs {
+namespace {
+
+TEST(VerbsLab, HasOneLocalHostAndRealTime) {
+  VerbsLab lab(1);
+  EXPECT_EQ(lab.backend(), "verbs");
+  EXPECT_EQ(lab.seed(), 1u);
+  ASSERT_EQ(lab.hosts().size(), 1u);
+  EXPECT_EQ(lab.hosts()[0]->name(), "local");
+  EXPECT_EQ(lab.host("local"), lab.hosts()[0]);
+  try {
+    lab.host("server");
+    FAIL() << "unknown host accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), ENOENT);
+  }
+  const TimeNs t0 = lab.runtime().now_ns();
+  lab.history().record("local", "lab", "mark");
+  EXPECT_GE(lab.history().snapshot()[0].t_ns, t0);
+  EXPECT_GT(t0, 0);  // CLOCK_MONOTONIC, not a virtual clock at 0
+}
+
+TEST(VerbsLab, ProcessIsThisProcessAndCannotBeKilled) {
+  VerbsLab lab(1);
+  auto p = lab.host("local")->create_process("server");
+  EXPECT_EQ(p->name(), "server");
+  EXPECT_EQ(p->pid(), static_cast<uint64_t>(::getpid()));
+  EXPECT_TRUE(p->alive());
+  EXPECT_EQ(lab.host("local")->processes().size(), 1u);
+  try {
+    p->kill();
+    FAIL() << "kill accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EOPNOTSUPP);
+  }
+  EXPECT_TRUE(p->alive());
+}
+
+TEST(VerbsLab, ShutdownIsIdempotent) {
+  VerbsLab lab(1);
+  lab.shutdown();
+  lab.shutdown();
+  EXPECT_TRUE(lab.runtime().stopping());
+}
+
+TEST(VerbsLabNoDevice, OpenDeviceIsEnodev) {
+  if (::rdmalab::verbs::testing::sysfs_has_rdma_device())
+    GTEST_SKIP() << "this machine has a device";
+  VerbsLab lab(1);
+  EXPECT_TRUE(lab.host("local")->device_names().empty());
+  auto p = lab.host("local")->create_process("client");
+  try {
+    p->open_device("");
+    FAIL() << "opened a device on a machine without one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.verb(), "ibv_open_device");
+    EXPECT_EQ(e.err(), ENODEV);
+  }
+}
+
+TEST(VerbsLabNoDevice, DeviceCapsIsEnodev) {
+  if (::rdmalab::verbs::testing::sysfs_has_rdma_device())
+    GTEST_SKIP() << "this machine has a device";
+  VerbsLab lab(1);
+  try {
+    lab.host("local")->device_caps("mlx5_0");
+    FAIL() << "caps of a device that is not there";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), ENODEV);
+  }
+}
+
+TEST(VerbsLab, ShutdownStopsHarnessThreads) {
+  VerbsLab lab(1);
+  std::atomic<bool> returned{false};
+  lab.runtime().spawn("worker", [&] {
+    while (!lab.runtime().stopping()) {
+      lab.runtime().wait_until([] { return false; }, lab.runtime().now_ns() + 60 * kNsPerSec);
+    }
+    returned = true;
+  });
+  lab.shutdown();
+  EXPECT_TRUE(returned.load());
+}
+
+// The tests below need a device (rxe/siw in the VM lab, mlx5 on hardware).
+
+TEST(VerbsDevice, CapsAndPort) {
+  RDMALAB_REQUIRE_DEVICE();
+  VerbsLab lab(1);
+  auto host = lab.host("local");
+  ASSERT_FALSE(host->device_names().empty());
+  const DeviceCaps caps = host->device_caps(host->device_names()[0]);
+  EXPECT_EQ(caps.name, host->device_names()[0]);
+  EXPECT_FALSE(caps.personality.empty());
+  EXPECT_GT(caps.max_qp, 0u);
+  auto ctx = host->create_process("p")->open_device("");
+  EXPECT_NE(ctx->query_port(1), PortState::INIT);  // any real state but the transient one
+}
+
+TEST(VerbsDevice, ObjectsAfterCloseAreEbadf) {
+  RDMALAB_REQUIRE_DEVICE();
+  VerbsLab lab(1);
+  auto ctx = lab.host("local")->create_process("p")->open_device("");
+  auto pd = ctx->alloc_pd();
+  auto cq = ctx->create_cq(16);
+  auto mr = ctx->reg_mr(*pd, 4096, ACCESS_LOCAL_WRITE);
+  mr->write(0, {1, 2, 3});
+  EXPECT_EQ(mr->read(0, 3), (std::vector<uint8_t>{1, 2, 3}));
+  QpInitAttr init;
+  init.pd = pd;
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  auto qp = ctx->create_qp(init);
+  EXPECT_EQ(qp->state(), QpState::RESET);
+  QpAttr a;
+  a.qp_state = QpState::INIT;
+  a.port_num = 1;
+  a.qp_access_flags = ACCESS_REMOTE_WRITE;
+  qp->modify(a, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
+  EXPECT_EQ(qp->state(), QpState::INIT);
+  try {
+    pd->dealloc();
+    FAIL() << "PD with objects deallocated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EBUSY);
+  }
+  ctx->close();
+  EXPECT_TRUE(qp->destroyed());
+  try {
+    qp->post_recv(RecvWr{});
+    FAIL() << "post after close accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EBADF);
+  }
+}
+
+}  // namespace
+}  // namespace rdmalab::verbs
