@@ -15,14 +15,16 @@ DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-j
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
-.PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean
+.PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
+        vmlab-deps vmlab
 
 all: build
 
-# Installs only what is missing; apt needs root (sudo is used when not root).
-deps:
+# $(call install_missing,PACKAGES): installs only what is missing; apt needs root (sudo is
+# used when not root).
+define install_missing
 	@missing=""; \
-	for p in $(DEBS); do \
+	for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
 	    || missing="$$missing $$p"; \
 	done; \
@@ -35,6 +37,21 @@ deps:
 	else \
 	  echo "deps: all installed"; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEBS))
+
+# The soft-RoCE VM lab (lab/vmlab, docs/vmlab.md): its host packages, then the kernel, siw.ko and
+# initrd (cached in .cache/vmlab), then two qemu hosts per provider running rping/pingpong.
+VMLAB_DEBS := $(shell grep -v '^\s*\#' lab/vmlab/deps.txt 2>/dev/null)
+
+vmlab-deps:
+	$(call install_missing,$(VMLAB_DEBS))
+
+vmlab: vmlab-deps
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab selftest
 
 build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
