@@ -32,6 +32,7 @@ void bind_verbs(py::module_& m);
 void bind_lab(py::module_& m);
 void bind_stack(py::module_& m);
 void bind_cm(py::module_& m);
+void bind_metrics(py::module_& m);
 
 // Binds an enum whose values are 0..count-1 under the names to_string gives (found by ADL,
 // so stack enums use stack::to_string).

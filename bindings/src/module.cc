@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   b::bind_lab(m);
   b::bind_stack(m);
   b::bind_cm(m);
+  b::bind_metrics(m);
 }

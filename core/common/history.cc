@@ -78,4 +78,9 @@ void History::set_observer(std::function<void(const HistoryRecord&)> fn) {
   observer_ = std::move(fn);
 }
 
+std::function<void(const HistoryRecord&)> History::observer() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return observer_;
+}
+
 }  // namespace rdmalab

@@ -43,6 +43,8 @@ class History {
 
   // Optional observer (metrics, live logs). Called under no lock, after the record is stored.
   void set_observer(std::function<void(const HistoryRecord&)> fn);
+  // The observer set now (empty if none), so that a new one can chain it.
+  std::function<void(const HistoryRecord&)> observer() const;
 
  private:
   Clock clock_;

@@ -1,0 +1,190 @@
+"""rdmalab.metrics and the plugin's metrics options, without a Prometheus server: the exposition
+text of an attached lab, the pull endpoint, a push to a one-request HTTP server in the test,
+device counters from a FAKE sysfs tree (a temp directory), and `rdma statistic` text."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.request
+
+import pytest
+
+import rdmalab
+from rdmalab import metrics, ms
+from rdmalab.resources import CmPair
+
+HTTP_TIMEOUT_S = 5
+
+
+def series(text: str, prefix: str) -> dict[str, float]:
+    """{'name{labels}': value} of the exposition lines that start with prefix."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+class OnePut(http.server.BaseHTTPRequestHandler):
+    """Answers one PUT with 202 and keeps its path and body (a stand-in Pushgateway)."""
+    got: list = []
+
+    def do_PUT(self):
+        body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+        OnePut.got.append((self.path, body))
+        self.send_response(202)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def gateway():
+    OnePut.got = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), OnePut)
+    server.timeout = HTTP_TIMEOUT_S
+    thread = threading.Thread(target=server.handle_request, daemon=True)  # one request
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", OnePut.got
+    thread.join(HTTP_TIMEOUT_S)
+    server.server_close()
+
+
+def test_an_attached_lab_counts_cm_events_latencies_and_faults():
+    with rdmalab.model_lab(seed=1, hosts={"a": "ib", "b": "roce"}) as lab:
+        m = metrics.attach(lab)
+        pair = CmPair(lab)
+        lab.faults.drop(cm="DREP")
+        pair.client.conn.disconnect()
+        pair.server.conn.wait("DISCONNECTED", ms(100))
+        pair.server.conn.disconnect()  # its DREP is dropped
+        lab.run_for(ms(1))
+        text = m.text()
+    cm = series(text, "rdmalab_cm_events_total")
+    assert cm['rdmalab_cm_events_total{backend="model",device="ib",event="ESTABLISHED",'
+              'status="OK"}'] == 1
+    assert cm['rdmalab_cm_events_total{backend="model",device="roce",event="DISCONNECTED",'
+              'status="OK"}'] == 1
+    assert series(text, "rdmalab_cm_connect_seconds_count") == {
+        'rdmalab_cm_connect_seconds_count{backend="model",device="ib"}': 1,
+        'rdmalab_cm_connect_seconds_count{backend="model",device="roce"}': 0}  # declared
+    assert series(text, "rdmalab_switch_frames_total") == {
+        'rdmalab_switch_frames_total{action="drop",backend="model",type="DREP"}': 1}
+
+
+def test_serve_picks_a_loopback_port_and_stops():
+    m = metrics.Metrics()
+    m.scenario_outcome("model", "ib", "passed")
+    port = m.serve(port=0)
+    assert port > 0 and m.port == port
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=HTTP_TIMEOUT_S) as r:
+        body = r.read().decode()
+    assert 'rdmalab_scenario_outcomes_total{backend="model",device="ib",outcome="passed"} 1' \
+        in body
+    m.stop()
+    assert m.port == 0
+
+
+def test_push_puts_the_text_under_job_and_grouping(gateway):
+    url, got = gateway
+    m = metrics.Metrics()
+    m.count_frame("DREQ", "delay")
+    m.push(url, grouping={"instance": "ci-1"})
+    [(path, body)] = got
+    assert path == "/metrics/job/rdmalab_batch/instance/ci-1"
+    assert 'rdmalab_switch_frames_total{action="delay",backend="vm",type="DREQ"} 1' in body
+
+
+def test_push_errors_name_the_problem():
+    m = metrics.Metrics()
+    with pytest.raises(rdmalab.Error) as e:
+        m.push("http://127.0.0.1:1", timeout_s=2)  # nothing listens on port 1
+    assert e.value.errno_name == "EIO"
+    with pytest.raises(rdmalab.Error, match="EINVAL"):
+        m.push("127.0.0.1:9091")
+
+
+def test_device_counters_from_a_fake_sysfs_tree(tmp_path):
+    # FAKE: a temp directory laid out as /sys/class/infiniband.
+    hw = tmp_path / "siw0" / "ports" / "1" / "hw_counters"
+    hw.mkdir(parents=True)
+    (hw / "rcvd_pkts").write_text("17\n")
+    (tmp_path / "siw0" / "ports" / "1" / "counters").mkdir()
+    (tmp_path / "siw0" / "ports" / "1" / "counters" / "port_rcv_data").write_text("2048\n")
+    counters = metrics.device_counters(str(tmp_path))
+    assert counters == {"siw0": {1: {"hw_counters": {"rcvd_pkts": 17},
+                                     "counters": {"port_rcv_data": 2048}}}}
+    assert metrics.device_counters(str(tmp_path / "absent")) == {}
+    m = metrics.Metrics()
+    m.set_device_counters("guest-a", counters)  # a snapshot, as the VM lab hands them over
+    assert series(m.text(), "rdmalab_device_counter{") == {
+        'rdmalab_device_counter{counter="port_rcv_data",device="siw0",host="guest-a",port="1",'
+        'source="counters"}': 2048,
+        'rdmalab_device_counter{counter="rcvd_pkts",device="siw0",host="guest-a",port="1",'
+        'source="hw_counters"}': 17}
+
+
+def test_rdma_statistic_text():
+    text = "link rxe0/1 sent_pkts 5 rcvd_pkts 6\nlink rxe1/1 sent_pkts 7\n"
+    assert metrics.rdma_statistic(text) == {
+        "rxe0": {1: {"rdma_statistic": {"sent_pkts": 5, "rcvd_pkts": 6}}},
+        "rxe1": {1: {"rdma_statistic": {"sent_pkts": 7}}}}
+
+
+def test_parse_listen():
+    assert metrics.parse_listen(":0") == ("127.0.0.1", 0)
+    assert metrics.parse_listen("9470") == ("127.0.0.1", 9470)
+    assert metrics.parse_listen("0.0.0.0:9470") == ("0.0.0.0", 9470)
+    assert metrics.parse_listen("[::1]:9470") == ("::1", 9470)
+    for bad in ("host", "1:2:3", "127.0.0.1:99999"):
+        with pytest.raises(ValueError):
+            metrics.parse_listen(bad)
+
+
+PLUGIN = ("-p", "rdmalab.pytest_plugin")
+SCENARIOS = """
+    def test_passes(lab):
+        pass
+
+    def test_fails(lab):
+        assert False, "on purpose"
+"""
+
+
+def test_plugin_pushes_each_scenario_outcome(pytester, gateway):
+    url, got = gateway
+    pytester.makepyfile(test_gen=SCENARIOS)
+    result = pytester.runpytest(*PLUGIN, "--lab", "model:ib,roce", "--metrics-push", url,
+                                "--metrics-job", "ci")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([f"rdmalab metrics: pushing to {url} at the end",
+                                 f"rdmalab metrics: pushed to {url} (job ci, instance *)"])
+    [(path, body)] = got
+    assert path.startswith("/metrics/job/ci/instance/")
+    outcomes = series(body, "rdmalab_scenario_outcomes_total")
+    for device in ("ib", "roce"):
+        for outcome, n in (("passed", 1), ("failed", 1), ("error", 0), ("skipped", 0)):
+            key = (f'rdmalab_scenario_outcomes_total{{backend="model",device="{device}",'
+                   f'outcome="{outcome}"}}')
+            assert outcomes[key] == n
+
+
+def test_plugin_serves_and_names_the_port(pytester):
+    pytester.makepyfile(test_gen=SCENARIOS)
+    result = pytester.runpytest(*PLUGIN, "--lab", "model:ib", "--metrics-listen", ":0")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["rdmalab metrics: serving http://127.0.0.1:*/metrics"])
+
+
+def test_plugin_rejects_a_bad_listen_address_and_is_off_by_default(pytester):
+    pytester.makepyfile(test_gen=SCENARIOS)
+    result = pytester.runpytest(*PLUGIN, "--lab", "model:ib", "--metrics-listen", "nowhere")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--metrics-listen 'nowhere': expected HOST:PORT*"])
+    result = pytester.runpytest(*PLUGIN, "--lab", "model:ib")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "rdmalab metrics" not in result.stdout.str()
