@@ -10,13 +10,14 @@ OUT        ?= out
 
 DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
-        libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev
+        libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev \
+        prometheus prometheus-pushgateway python3-yaml python3-rpyc
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
-        vmlab-deps vmlab
+        vmlab-deps vmlab test-vm
 
 all: build
 
@@ -70,12 +71,23 @@ test-asan: build-asan
 	ctest --test-dir $(ASAN_BUILD) -j$(JOBS) --output-on-failure
 
 test-python: build
-	$(PYTEST) tests/python tests/scenarios --lab $(LAB)
+	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
 
 test: test-cpp test-asan test-python
 
+# The scenario suite: the model's prediction (roce) beside soft-RoCE in the VM lab (rxe); where
+# qemu cannot run, the CLI says so and runs the model alone.
+RUN_LABS ?= --lab model:roce --lab vm:rxe
+
 run: build
-	$(PYTHON) -m rdmalab run --lab $(LAB) --out $(OUT)
+	$(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT)
+
+# The scenarios on real kernel drivers in the VM lab (in progress: not yet part of `test`).
+VM_LABS ?= --lab vm:rxe
+
+test-vm: build vmlab-deps
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare
+	$(PYTEST) tests/scenarios $(VM_LABS) --rdmalab-timeout 120
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -1,4 +1,4 @@
-"""python3 -m rdmalab run [--lab model] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
+"""python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
 python3 -m rdmalab report DIR/junit.xml
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
@@ -26,12 +26,20 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run scenarios and print the result table")
-    run.add_argument("--lab", default="model", help='"model" or "model:ib,roce" (default model)')
+    run.add_argument("--lab", action="append", default=None,
+                     help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw" (default '
+                          'model). A VM lab that cannot run here falls back to the model, '
+                          'saying why')
+    run.add_argument("--vm-hosts", type=int, default=2, help="VMs in the VM lab (default 2)")
     run.add_argument("--seed", type=int, default=1, help="seed of every lab (default 1)")
     run.add_argument("--out", default="out", help="output directory (default out/)")
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     run.add_argument("--timeout", type=float, default=None,
                      help="wall-clock seconds per test (plugin default 300)")
+    run.add_argument("--metrics-listen", metavar="HOST:PORT", default=None,
+                     help="serve Prometheus metrics while the run lasts (off by default)")
+    run.add_argument("--metrics-push", metavar="URL", default=None,
+                     help="push the metrics to this Pushgateway at the end (off by default)")
     run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
     rep = sub.add_parser("report", help="print the result table of a JUnit XML file")
     rep.add_argument("junit")
@@ -42,17 +50,43 @@ def pytest_command(args, extra: list[str]) -> list[str]:
     out = Path(args.out)
     cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin",
            *(args.paths or [str(DEFAULT_TESTS)]),
-           "--lab", args.lab, "--seed", str(args.seed),
+           *[x for lab in args.lab for x in ("--lab", lab)], "--vm-hosts", str(args.vm_hosts),
+           "--seed", str(args.seed),
            "--history-dir", str(out / "history"), "--junitxml", str(out / "junit.xml"),
            "-o", "junit_logging=no", "-rfEs"]
     if args.keyword:
         cmd += ["-k", args.keyword]
     if args.timeout is not None:
         cmd += ["--rdmalab-timeout", str(args.timeout)]
+    for option in ("metrics_listen", "metrics_push"):
+        if getattr(args, option):
+            cmd += ["--" + option.replace("_", "-"), getattr(args, option)]
     return cmd + extra
 
 
+def usable_labs(labs: list[str]) -> list[str]:
+    """The labs asked for, with VM labs replaced by the model where qemu cannot run here."""
+    from .vm import qemu_unavailable
+    out: list[str] = []
+    for lab in labs or ["model"]:
+        why = qemu_unavailable() if lab.split(":")[0] == "vm" else None
+        if why:
+            device = (lab.partition(":")[2] or "rxe").split(",")
+            model = ",".join(VM_MODEL[d] for d in device if d in VM_MODEL) or "roce"
+            print(f"rdmalab: --lab {lab}: the VM lab cannot run here ({why}); running the "
+                  f"model (model:{model}) instead", file=sys.stderr)
+            lab = f"model:{model}"
+        if lab not in out:
+            out.append(lab)
+    return out
+
+
+# The model personality that predicts each VM lab device.
+VM_MODEL = {"rxe": "roce", "siw": "iwarp-siw"}
+
+
 def run(args, extra: list[str]) -> int:
+    args.lab = usable_labs(args.lab)
     # pytest runs from the repository root: make the caller's relative paths absolute.
     args.out = str(Path(args.out).resolve())
     args.paths = [str(Path(p).resolve()) for p in args.paths]

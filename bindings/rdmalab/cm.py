@@ -184,7 +184,7 @@ class CmChannel:
         "ESTABLISHED" with .wait(). kw: QP capabilities (max_send_wr, ...) and connection
         parameters (responder_resources, initiator_depth, retry_count, rnr_retry_count).
         A step that does not finish by timeout_ns raises Hung naming it."""
-        dst = dst if isinstance(dst, str) else dst.name
+        dst = self.lab.address_of(dst if isinstance(dst, str) else dst.name)
         _check_port("rdma_resolve_addr", port)
         spec = _spec(dst, port, timing=timing, private_data=private_data, cqe=cqe,
                      resolve_timeout_ns=resolve_timeout_ns, **kw)

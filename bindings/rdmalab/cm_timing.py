@@ -33,7 +33,7 @@ def cm_ack_timeout(ca_ack_delay: int, packet_life_time: int) -> int:
 class IbCmTiming:
     cm_response_timeout: int = 20  # CMA_CM_RESPONSE_TIMEOUT
     max_cm_retries: int = 15       # CMA_MAX_CM_RETRIES
-    packet_life_time: int = 16     # CMA_IBOE_PACKET_LIFETIME
+    packet_life_time: int = 18     # CMA_IBOE_PACKET_LIFETIME (Linux 6.1 cma.c; 16 before)
     local_ca_ack_delay: int = 16   # ibv_device_attr.local_ca_ack_delay of both ends
 
     @classmethod

@@ -104,12 +104,18 @@ class Lab:
         self._faults = Faults(self) if isinstance(core, _core.ModelLab) else NoFaults(self)
         self._shut = False
         self._closers: list[Callable[[], None]] = []
+        # Where rdma_cm finds another host: its name in the model, an IP address on devices.
+        self.addresses: dict[str, str] = {}
         _LIVE.add(self)
 
     # -- identity
     backend = property(lambda self: self._o.backend)
     seed = property(lambda self: self._o.seed)
     now_ns = property(lambda self: self._o.now_ns)
+
+    # Time bounds in scenarios are exact on the model; on devices they get this much more
+    # (timers, event threads and the controller's round trips run on real clocks).
+    tolerance_ns = 0
 
     @property
     def replayable(self) -> bool:
@@ -124,6 +130,10 @@ class Lab:
         if name not in self._hosts:
             self._o.host(name)  # raises the engine's Error(ENOENT)
         return self._hosts[name]
+
+    def address_of(self, host: str) -> str:
+        """The address rdma_resolve_addr is given for a host named in the scenario."""
+        return self.addresses.get(host, host)
 
     @property
     def faults(self) -> Union[Faults, NoFaults]:
@@ -247,6 +257,17 @@ def model_lab(seed: int = 1, hosts: HostsArg = ("a", "b"), personality: str = "i
     return Lab(_core.make_lab(opts), desc)
 
 
+def verbs_lab(seed: int = 1, host: str = "local",
+              addresses: Optional[Mapping[str, str]] = None) -> Lab:
+    """This machine's RDMA devices as one host named `host` (the VM lab's agents make one
+    each). addresses: host name -> IP address, for rdma_cm to reach the other hosts."""
+    lab = Lab(_core.make_verbs_lab(seed, host), f"verbs:{host}")
+    lab.addresses = dict(addresses or {})  # a mapping or (name, address) pairs
+    from . import agent  # labs made in an agent shut down when its controller goes
+    agent.track(lab)
+    return lab
+
+
 def personalities() -> list[str]:
     """The model's device personalities ("ib", "roce", "iwarp-siw", ...)."""
     return list(_core.personalities())
@@ -282,4 +303,4 @@ def _host_spec(name: str, spec) -> _core.HostSpec:
     return hs
 
 
-__all__ = ["Lab", "Host", "Process", "model_lab", "personalities", "unwrap"]
+__all__ = ["Lab", "Host", "Process", "model_lab", "verbs_lab", "personalities", "unwrap"]

@@ -3,10 +3,14 @@
 Load it with `-p rdmalab.pytest_plugin` or `pytest_plugins = ["rdmalab.pytest_plugin"]`.
 
 Options:
-  --lab SPEC           "model" (every model personality), "model:ib" or "model:ib,roce"
+  --lab SPEC           "model" (every model personality), "model:ib" or "model:ib,roce";
+                       "vm" / "vm:rxe" / "vm:siw" / "vm:rxe,siw": the soft-RoCE VM lab;
+                       repeatable (--lab model:roce --lab vm:rxe: both, side by side)
+  --vm-hosts N         VMs in the VM lab (default 2)
   --seed N             seed of every lab (default 1); failures print how to replay
   --history-dir DIR    one JSON-lines history per lab, named after the test id
   --rdmalab-timeout S  wall-clock safety net per test (default 300 s; 0 = off)
+  --metrics-listen HOST:PORT, --metrics-push URL: Prometheus metrics (rdmalab.metrics_pytest)
 
 Fixtures: lab_spec / personality (parametrized from --lab, ids like "model-ib"), lab (hosts "a"
 and "b"), hosts (their Host objects, in order), lab_factory (labs with other hosts or fabric
@@ -29,8 +33,8 @@ from typing import Optional
 
 import pytest
 
-from . import _core
-from .errors import WallClockTimeout, raise_parked
+from . import _core, metrics_pytest
+from .errors import FaultNotSupported, WallClockTimeout, raise_parked
 from .lab import Lab, model_lab, personalities
 from .names import parse
 from .verbs import DeviceCaps
@@ -61,6 +65,11 @@ class LabSpec:
     def build(self, seed: int, hosts=DEFAULT_HOSTS, **options) -> Lab:
         """A lab whose hosts have this personality (a host given as {name: {...}} may
         override xrc_tgt_lifetime, or the personality itself)."""
+        if self.backend == "vm":
+            if options:
+                pytest.skip(f"model-only lab options {sorted(options)}: the VM lab's fabric is "
+                            "real (its fault rules come with the fault switch)")
+            return vm_pool(self.personality).lab(seed, list(hosts))
         if isinstance(hosts, dict):
             specs = {}
             for name, spec in hosts.items():
@@ -78,14 +87,54 @@ class LabSpec:
 @functools.lru_cache(maxsize=None)
 def _caps_of(spec: LabSpec) -> DeviceCaps:
     with spec.build(seed=1, hosts=("probe",)) as lab:
-        return lab.host("probe").caps()
+        from .remote import obtain
+        return obtain(lab.host("probe").caps())
+
+
+VM_DEVICES = ("rxe", "siw")
+_POOLS: dict = {}
+_VM_HOSTS = [2]
+
+
+def vm_pool(rdma: str):
+    """The session's VM pool for a device, booted on first use, closed at the session's end."""
+    if rdma not in _POOLS:
+        from .vm import VmPool
+        _POOLS[rdma] = VmPool(_VM_HOSTS[0], rdma)
+    return _POOLS[rdma]
+
+
+def close_vm_pools() -> None:
+    while _POOLS:
+        _POOLS.popitem()[1].close()
+
+
+def parse_lab_options(texts) -> list[LabSpec]:
+    """Every --lab given, in order, without repeats."""
+    specs: list[LabSpec] = []
+    for text in texts or ["model"]:
+        specs += [s for s in parse_lab_option(text) if s not in specs]
+    return specs
 
 
 def parse_lab_option(text: str) -> list[LabSpec]:
-    """"model" -> every model personality; "model:ib,roce" -> those."""
+    """"model" -> every model personality; "model:ib,roce" -> those; "vm" = "vm:rxe";
+    "vm:rxe,siw" -> the VM lab with each device."""
     backend, _, names = text.partition(":")
+    if backend == "vm":
+        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
+        unknown = [n for n in wanted if n not in VM_DEVICES]
+        if unknown:
+            raise pytest.UsageError(f"--lab {text!r}: unknown VM lab device {', '.join(unknown)}"
+                                    f"; VM lab devices: {', '.join(VM_DEVICES)}")
+        from .vm import qemu_unavailable
+        why = qemu_unavailable()
+        if why:
+            raise pytest.UsageError(f"--lab {text!r}: the VM lab cannot run here: {why}")
+        return [LabSpec(backend, n) for n in wanted]
     if backend != "model":
-        raise pytest.UsageError(f"--lab {text!r}: unknown backend {backend!r}; available: model")
+        raise pytest.UsageError(f"--lab {text!r}: unknown backend {backend!r}; available: "
+                                "model, vm")
     known = personalities()
     wanted = [n.strip() for n in names.split(",") if n.strip()] if names else known
     unknown = [n for n in wanted if n not in known]
@@ -105,13 +154,17 @@ class Settings:
 
 def pytest_addoption(parser):
     group = parser.getgroup("rdmalab")
-    group.addoption("--lab", default="model",
-                    help='labs to run on: "model" (every personality), "model:ib,roce"')
+    group.addoption("--lab", action="append", default=None,
+                    help='labs to run on, repeatable: "model" (every personality), '
+                         '"model:ib,roce", "vm" or "vm:rxe,siw" (the soft-RoCE VM lab)')
+    group.addoption("--vm-hosts", type=int, default=2,
+                    help="hosts (VMs) in the VM lab (default 2)")
     group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
     group.addoption("--history-dir", default=None,
                     help="write one JSON-lines history per lab into this directory")
     group.addoption("--rdmalab-timeout", type=float, default=300.0,
                     help="wall-clock seconds per test before it fails (0 = no limit)")
+    metrics_pytest.add_options(group)
 
 
 def pytest_configure(config):
@@ -120,10 +173,18 @@ def pytest_configure(config):
         "requires(*features, transport=None, event=None): run only where the device has the "
         "features (xrc, srq, ud), one of the transports (IB, RoCE, iWARP) and raises the async "
         "event(s); skip naming what is missing otherwise")
-    config.stash[_SETTINGS] = Settings(parse_lab_option(config.getoption("lab")),
+    _VM_HOSTS[0] = config.getoption("vm_hosts")
+    if _VM_HOSTS[0] < 1:
+        raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
+    config.stash[_SETTINGS] = Settings(parse_lab_options(config.getoption("lab")),
                                        config.getoption("seed"), config.getoption("history_dir"),
                                        config.getoption("rdmalab_timeout"))
     config.stash[_FAILURES] = []
+    metrics_pytest.configure(config, config.stash[_SETTINGS].specs)
+
+
+def pytest_unconfigure(config):
+    close_vm_pools()
 
 
 def pytest_generate_tests(metafunc):
@@ -165,6 +226,7 @@ def lab_factory(request, lab_spec):
         lab = lab_spec.build(settings.seed if seed is None else seed, hosts, **options)
         lab.replay = replay_command(request.node, lab_spec, settings.seed)
         labs.append(lab)
+        metrics_pytest.attach(request.config, lab)
         return lab
 
     yield make
@@ -272,6 +334,11 @@ def pytest_runtest_setup(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(FaultNotSupported):
+        # The backend lacks the fault the scenario needs: a skip naming it, not a failure.
+        rep.outcome = "skipped"
+        rep.longrepr = (str(item.path), item.location[1] or 0,
+                        f"Skipped: {call.excinfo.value}")
     spec = _spec_of(item)
     if spec is None:
         return

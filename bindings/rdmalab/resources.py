@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import remote as _remote
+from .errors import FaultNotSupported
 from . import stack
 from .names import sec
 from .verbs import WC
@@ -22,7 +24,11 @@ RDMA_ACCESS = "LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ"
 
 
 class Player:
-    """One side: a process on a host with its context, PD, CQ, MR, optional SRQ and a QP."""
+    """One side: a process on a host with its context, PD, CQ, MR, optional SRQ and a QP.
+    On a host in an agent (the VM lab) the Player is built there, beside its verbs objects."""
+
+    def __new__(cls, lab, host, **kw):
+        return _remote.new(cls, lab, host, host, **kw)
 
     def __init__(self, lab, host, *, process: str = "player", device: str = "", qp_type="RC",
                  mr_size: int = 4096, cqe: int = 64, access=RDMA_ACCESS, srq: bool = False,
@@ -80,6 +86,10 @@ class RCPair:
         psn_a = player_kw.pop("psn_a", 0x100)
         psn_b = player_kw.pop("psn_b", 0x200)
         self.lab = lab
+        self.cm = None
+        if _needs_rdma_cm(lab, a):
+            self._connect_with_cm(lab, a, b, connect, params, player_kw)
+            return
         self.a = Player(lab, a, process=player_kw.pop("process_a", "player-a"), psn=psn_a,
                         **player_kw)
         self.b = Player(lab, b, process=player_kw.pop("process_b", "player-b"), psn=psn_b,
@@ -92,6 +102,21 @@ class RCPair:
     def players(self) -> tuple[Player, Player]:
         return self.a, self.b
 
+    def _connect_with_cm(self, lab, a, b, connect, params, kw) -> None:
+        """A real iWARP device binds a QP to its peer only through the connection (iw_cm):
+        the pair is a CmPair (a connects to b) whose sides act as the players."""
+        if not connect or params is not None or kw.pop("srq", False):
+            raise FaultNotSupported("RCPair", "on a real iWARP device RCPair connects through "
+                                    "rdma_cm: no connect=False, params= or srq= there yet")
+        cm_kw = {k: kw.pop(k) for k in ("cqe", "max_send_wr", "max_recv_wr") if k in kw}
+        mr_size = kw.pop("mr_size", 4096)
+        kw.pop("process_a", None), kw.pop("process_b", None)
+        if kw:
+            raise TypeError(f"RCPair over rdma_cm: unsupported argument(s) {sorted(kw)}")
+        self.cm = CmPair(lab, server=b, client=a, mr_size=mr_size, **cm_kw)
+        self.a, self.b = self.cm.client, self.cm.server
+        self.params = None
+
     def connect(self) -> None:
         ep_a, ep_b = self.a.endpoint, self.b.endpoint
         stack.bring_up(self.a.qp, ep_a, ep_b, self.params)
@@ -101,6 +126,9 @@ class RCPair:
 class CmSide(Player):
     """One side of a CM connection as a Player (post_send, post_recv, wait_completions,
     drain): .conn is the CmId, whose QP, PD and CQ the player uses, with an MR of its own."""
+
+    def __new__(cls, lab, conn, **kw):
+        return _remote.new(cls, lab, conn, conn, **kw)
 
     def __init__(self, lab, conn, *, mr_size: int = 4096, access=RDMA_ACCESS):
         # Player's attributes, taken from the connection instead of made here.
@@ -171,6 +199,14 @@ class CmPair:
         self.server_channel.close(timeout_ns)
 
 
+def _needs_rdma_cm(lab, host) -> bool:
+    """Real iWARP devices (not the model's iWARP personalities, which accept the peer in
+    modify attributes as the engine's bring_up passes it)."""
+    if getattr(lab, "replayable", True):
+        return False
+    return lab.host(_name(host)).caps().transport == "iWARP"
+
+
 def _name(host) -> str:
     return host if isinstance(host, str) else host.name
 
@@ -178,6 +214,9 @@ def _name(host) -> str:
 class XrcReceiver:
     """The receiving host of XRC (seed 003): an XRC domain shared through `path`, XRC SRQs
     and the TGT QP (XRC_RECV). Other processes join with open_in()."""
+
+    def __new__(cls, lab, host, **kw):
+        return _remote.new(cls, lab, host, host, **kw)
 
     def __init__(self, lab, host, *, path: str = "/tmp/rdmalab-xrcd", process: str = "xrc-tgt",
                  n_srq: int = 2, max_wr: int = 32, mr_size: int = 4096, cqe: int = 64,
@@ -214,6 +253,9 @@ class XrcReceiver:
 
 class XrcSender:
     """The sending side: an XRC_SEND (INI) QP; each post names the target SRQ."""
+
+    def __new__(cls, lab, host, **kw):
+        return _remote.new(cls, lab, host, host, **kw)
 
     def __init__(self, lab, host, *, process: str = "xrc-ini", mr_size: int = 4096,
                  cqe: int = 64, max_send_wr: int = 16, psn: int = 0x400):

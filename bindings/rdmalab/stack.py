@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Optional
 
 from . import _core
+from . import remote as _remote
 from .errors import raise_parked
 from .names import name, parse, sec
 from .requests import make_recv_wr, make_send_wr
@@ -41,12 +42,54 @@ def local_endpoint(qp: Qp, psn: int = 0) -> Endpoint:
 
 
 def bring_up(qp: Qp, local: Endpoint, remote: Endpoint, params=None) -> None:
-    """RESET -> INIT -> RTR -> RTS (XRC_RECV stops at RTR) with the attributes its type needs."""
+    """RESET -> INIT -> RTR -> RTS (XRC_RECV stops at RTR) with the attributes its type needs.
+    A QP in an agent is brought up there; the endpoints travel as values."""
+    agent = _remote.agent_of(qp)
+    if agent is not None:
+        agent.call("rdmalab.stack", "bring_up", qp, endpoint_values(local),
+                   endpoint_values(remote), params_values(params))
+        return
     if params is None:
         params = _core.RcParams()
     elif isinstance(params, dict):
         params = rc_params(**params)
-    _run(_core.bring_up, unwrap(qp), local, remote, params)
+    elif isinstance(params, tuple):
+        params = rc_params(**dict(params))
+    _run(_core.bring_up, unwrap(qp), as_endpoint(local), as_endpoint(remote), params)
+
+
+_EP_FIELDS = ("qp_num", "psn", "lid", "port_num")
+_RC_FIELDS = ("path_mtu", "timeout", "retry_cnt", "rnr_retry", "min_rnr_timer", "max_rd_atomic",
+              "max_dest_rd_atomic", "access", "qkey", "pkey_index")
+
+
+def endpoint_values(ep) -> tuple:
+    """An Endpoint (here or in an agent) as a tuple of plain values, which RPyC copies."""
+    if isinstance(ep, tuple):
+        return ep
+    return tuple(int(getattr(ep, f)) for f in _EP_FIELDS) + (bytes(ep.gid.raw),
+                                                                str(ep.transport.name))
+
+
+def as_endpoint(ep) -> Endpoint:
+    if not isinstance(ep, tuple):
+        return ep
+    out = _core.Endpoint()
+    for f, v in zip(_EP_FIELDS, ep):
+        setattr(out, f, v)
+    gid = _core.Gid()
+    gid.raw = ep[len(_EP_FIELDS)]
+    out.gid = gid
+    out.transport = parse(_core.Transport, ep[len(_EP_FIELDS) + 1], "transport")
+    return out
+
+
+def params_values(params) -> Optional[tuple]:
+    if params is None or isinstance(params, tuple):
+        return params
+    if isinstance(params, dict):
+        return tuple(params.items())
+    return tuple((f, getattr(params, f)) for f in _RC_FIELDS)
 
 
 def connect(qp_a: Qp, qp_b: Qp, psn_a: int = 0, psn_b: int = 0, params=None) -> None:
@@ -59,6 +102,9 @@ def connect(qp_a: Qp, qp_b: Qp, psn_a: int = 0, psn_b: int = 0, params=None) -> 
 class Traffic:
     """Posting and polling through a completion ledger: every WR gets a unique wr_id (when
     given 0) and exactly one outcome. check() reports violations and unknown outcomes."""
+
+    def __new__(cls, lab, host: str = ""):
+        return _remote.new(cls, lab, host, host)
 
     def __init__(self, lab, host: str = ""):
         self.lab = lab
@@ -104,6 +150,9 @@ class Dispatcher:
     """Async events with seed 002's lifetime rules: per-object ordered handlers, none after
     destroy, destroy waits for handlers in flight. Handlers get an rdmalab AsyncEvent.
     Use as a context manager (start/stop)."""
+
+    def __new__(cls, lab, ctx: Context, host: str = "", workers: int = 2):
+        return _remote.new(cls, lab, ctx, ctx, host, workers)
 
     def __init__(self, lab, ctx: Context, host: str = "", workers: int = 2):
         self.lab, self.ctx = lab, ctx
@@ -163,6 +212,10 @@ def drain(lab, qp: Qp, traffic: Traffic, send_cq: Cq, recv_cq: Optional[Cq] = No
           timeout_ns: int = sec(1), dispatcher: Optional[Dispatcher] = None,
           srq: Optional[Srq] = None) -> DrainReport:
     """The portable drain (seed 000): ERR, markers or counting, poll until all flushed."""
+    agent = _remote.agent_of(qp)
+    if agent is not None:
+        return agent.call("rdmalab.stack", "drain", agent.lab, qp, traffic, send_cq, recv_cq,
+                          timeout_ns, dispatcher, srq)
     recv_cq = send_cq if recv_cq is None else recv_cq
     d = None if dispatcher is None else dispatcher._o
     deadline = lab.now_ns + timeout_ns

@@ -5,6 +5,7 @@
 
 #include "bind.h"
 #include "rdmalab/model.h"
+#include "verbs/verbs_lab.h"
 
 namespace rdmalab::bindings {
 
@@ -204,6 +205,19 @@ void bind_model_lab(py::module_& m) {
   m.def("personalities", &model::personalities);
 }
 
+// The verbs backend: this machine's devices as one host (in the VM lab each guest's agent
+// makes one, named as the scenario names that host).
+void bind_verbs_lab(py::module_& m) {
+  py::class_<verbs::VerbsLab, Lab, std::shared_ptr<verbs::VerbsLab>>(m, "VerbsLab")
+      .def("set_clock_offset", &verbs::VerbsLab::set_clock_offset, arg("offset_ns"), kRelease);
+  m.def(
+      "make_verbs_lab",
+      [](uint64_t seed, const std::string& host) {
+        return gil_free_delete(std::make_shared<verbs::VerbsLab>(seed, host));
+      },
+      arg("seed"), arg("host") = "local", kRelease);
+}
+
 }  // namespace
 
 void bind_lab(py::module_& m) {
@@ -211,6 +225,7 @@ void bind_lab(py::module_& m) {
   bind_lab_class(m);
   bind_model_structs(m);
   bind_model_lab(m);
+  bind_verbs_lab(m);
 }
 
 }  // namespace rdmalab::bindings

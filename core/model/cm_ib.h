@@ -78,7 +78,7 @@ struct IbCmReqParam {
   Gid dgid;
   uint32_t qpn = 0;
   uint32_t starting_psn = 0;
-  uint8_t packet_life_time = 16;
+  uint8_t packet_life_time = 18;
   uint8_t remote_cm_response_timeout = 20;
   uint8_t local_cm_response_timeout = 20;
   uint8_t max_cm_retries = 15;

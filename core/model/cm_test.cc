@@ -1,11 +1,12 @@
 // The IB CM under rdma_cm on the model: connect and disconnect, lost DREP/REP/RTU, REQ to no
 // listener, MRA, REQ timeout, destroy and acks, with exact virtual times from cm.c's formulas.
 //
-// Defaults (CmTiming, cma.c): packet_life_time 16, cm_response_timeout 20, max_cm_retries 15.
-//   active timeout_ms  = 2 * cm_convert_to_ms(16) + cm_convert_to_ms(20) = 2*256 + 4096 = 4608
+// Defaults (CmTiming, Linux 6.1 cma.c): packet_life_time 18, cm_response_timeout 20,
+// max_cm_retries 15.
+//   active timeout_ms  = 2 * cm_convert_to_ms(18) + cm_convert_to_ms(20) = 2*1024 + 4096 = 6144
 //   passive timeout_ms = cm_convert_to_ms(REQ.local_cm_response_timeout = 20) = 4096
-//   TIMEWAIT = cm_convert_to_ms(cm_ack_timeout(ack_delay, 16)): ib/mana (16) -> 18 -> 1024 ms,
-//              roce (rxe 15) -> 17 -> 512 ms.
+//   TIMEWAIT = cm_convert_to_ms(cm_ack_timeout(ack_delay, 18)) = 19 -> 2048 ms for ib/mana (16)
+//              and roce (rxe 15) alike.
 #include <gtest/gtest.h>
 
 #include "model/cm_ib.h"
@@ -20,11 +21,11 @@ namespace {
 using namespace testing;
 using E = CmEventType;
 
-constexpr TimeNs kActiveTimeoutNs = 4608 * kNsPerMs;
+constexpr TimeNs kActiveTimeoutNs = 6144 * kNsPerMs;
 constexpr TimeNs kPassiveTimeoutNs = 4096 * kNsPerMs;
 
-TimeNs timewait_ns(const std::string& pers) {
-  return (pers == "roce" ? 512 : 1024) * kNsPerMs;
+TimeNs timewait_ns(const std::string& /*pers*/) {
+  return 2048 * kNsPerMs;
 }
 
 TEST(CmFormulas, ConvertAndAckTimeout) {
@@ -91,9 +92,9 @@ TEST(Cm, EveryDrepDropped) {
   client.id->disconnect();
   server.expect(E::DISCONNECTED, 0, t1 + kLatency);
   server.id->disconnect();  // its DREP is lost
-  server.expect(E::TIMEWAIT_EXIT, 0, t1 + kLatency + 1024 * kNsPerMs);
+  server.expect(E::TIMEWAIT_EXIT, 0, t1 + kLatency + 2048 * kNsPerMs);
   client.expect(E::DISCONNECTED, -ETIMEDOUT, t1 + 16 * kActiveTimeoutNs);
-  client.expect(E::TIMEWAIT_EXIT, 0, t1 + 16 * kActiveTimeoutNs + 1024 * kNsPerMs);
+  client.expect(E::TIMEWAIT_EXIT, 0, t1 + 16 * kActiveTimeoutNs + 2048 * kNsPerMs);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "DREQ"), 16u);
   EXPECT_EQ(count_records(*lab, "cm_retry", "msg", "DREQ"), 15u);
   EXPECT_EQ(count_records(*lab, "cm_timeout", "msg", "DREQ"), 1u);
@@ -157,7 +158,8 @@ TEST(Cm, LostRepIsResentByThePassiveSide) {
   const TimeNs t0 = lab->runtime().now_ns();
   CmEvent req = server.next();
   ASSERT_EQ(req.event, E::CONNECT_REQUEST);
-  lab->run_for(kNsPerSec);  // a slow accept: the REQ retry (4608 ms) comes before the REP retry
+  // A slow accept: the REQ retry (6144 ms) comes before the REP retry (accept + 4096 ms).
+  lab->run_for(5 * kNsPerSec / 2);
   server.id = server.ch->find_id(req.id);
   server.make_qp(*server.id);
   server.id->accept(ConnParam{});
@@ -205,8 +207,8 @@ TEST(Cm, DuplicateReqBeforeAcceptGetsAnMra) {
   lab->run_until(t0 + kActiveTimeoutNs + 2 * kLatency);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "MRA"), 1u);
   EXPECT_EQ(client.id->protocol_state(), "MRA_REQ_RCVD");
-  // No more REQs for 65536 + 512 ms.
-  lab->run_until(t0 + kActiveTimeoutNs + kLatency + 66048 * kNsPerMs - 1);
+  // No more REQs for 65536 + 2048 ms.
+  lab->run_until(t0 + kActiveTimeoutNs + kLatency + 67584 * kNsPerMs - 1);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 2u);
   lab->run_for(2 * kLatency);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 3u);

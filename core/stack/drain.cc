@@ -177,6 +177,10 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   QueueDrain sq{WorkQueue::SQ, qp.qp_type() != QpType::XRC_RECV, std::nullopt};
   QueueDrain rq{WorkQueue::RQ, srq == nullptr && qp.qp_type() != QpType::XRC_SEND, std::nullopt};
   post_markers(qp, traffic, sq, rq, notes);
+  // librxe writes receives into the mapped queue without entering the kernel, so on rxe an RQ
+  // marker posted to an ERR QP is never flushed (seen in the VM lab, Linux 6.1). ERR -> ERR is
+  // valid (verbs.c qp_state_table) and makes the provider flush what is queued.
+  if (rq.marker) modify_to_err(qp, notes);
   bool counting = (sq.used && !sq.marker) || (rq.used && !rq.marker);
   if (srq != nullptr) {
     r.last_wqe_reached =

@@ -367,10 +367,25 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   // flush posts to an ERR QP; user-space iWARP (libcxgb4) refuses them. Scenarios that depend
   // on it must probe, not trust this.
   c.err_post = c.transport == Transport::iWARP ? ErrPostPolicy::kRefuse : ErrPostPolicy::kFlush;
+  if (f.driver == "siw") c.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send
   c.xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
   c.retry_cnt_7_infinite = f.driver == "rxe";
-  c.raises.clear();  // unknown on real devices
+  c.raises = documented_events(f.driver);
   return c;
+}
+
+std::vector<AsyncEventType> documented_events(const std::string& driver) {
+  using E = AsyncEventType;
+  // What each provider was seen or is documented to raise by itself; empty = unknown, and a
+  // scenario that needs an event skips on it rather than wait for what may never come.
+  if (driver == "rxe") {  // vmlab.md, measured in the VM lab
+    return {E::CQ_ERR, E::PORT_ERR, E::PORT_ACTIVE, E::SRQ_LIMIT_REACHED, E::SQ_DRAINED};
+  }
+  if (driver == "siw") {  // semantics.md E (siw triggers); SRQ limit: siw_rqe_get (siw_qp_rx.c)
+    return {E::QP_FATAL, E::QP_REQ_ERR, E::SQ_DRAINED, E::CQ_ERR,          E::PORT_ACTIVE,
+            E::PORT_ERR, E::LID_CHANGE, E::DEVICE_FATAL, E::SRQ_LIMIT_REACHED};
+  }
+  return {};
 }
 
 }  // namespace rdmalab::verbs

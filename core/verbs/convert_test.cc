@@ -228,7 +228,8 @@ TEST(Convert, CapsFromDeviceAttr) {
   EXPECT_EQ(c.err_post, ErrPostPolicy::kFlush);
   EXPECT_EQ(c.xrc_tgt_lifetime, XrcTgtLifetime::kUnknown);
   EXPECT_TRUE(c.retry_cnt_7_infinite);
-  EXPECT_TRUE(c.raises.empty());
+  EXPECT_TRUE(c.raises_event(AsyncEventType::CQ_ERR));  // vmlab.md: what rxe raised
+  EXPECT_FALSE(c.raises_event(AsyncEventType::QP_FATAL));
 
   f.name = "siw0";
   f.driver = "siw";
@@ -238,8 +239,15 @@ TEST(Convert, CapsFromDeviceAttr) {
   EXPECT_EQ(s.transport, Transport::iWARP);
   EXPECT_FALSE(s.xrc);
   EXPECT_FALSE(s.ud);
-  EXPECT_EQ(s.err_post, ErrPostPolicy::kRefuse);
+  EXPECT_EQ(s.err_post, ErrPostPolicy::kFlushAtOnce);  // siw_post_send in ERROR
   EXPECT_FALSE(s.retry_cnt_7_infinite);
+  EXPECT_TRUE(s.raises_event(AsyncEventType::QP_FATAL));
+
+  f.name = "cxgb4_0";
+  f.driver = "cxgb4";
+  const DeviceCaps x = caps_from(f);
+  EXPECT_EQ(x.err_post, ErrPostPolicy::kRefuse);  // libcxgb4 refuses posts in ERR
+  EXPECT_TRUE(x.raises.empty());                  // not documented: unknown
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ RealRuntime::~RealRuntime() {
 TimeNs RealRuntime::now_ns() const {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<TimeNs>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
+  return static_cast<TimeNs>(ts.tv_sec) * kNsPerSec + ts.tv_nsec + offset_ns_.load();
 }
 
 void RealRuntime::spawn(const std::string& name, std::function<void()> body) {

@@ -124,10 +124,10 @@ void LocalHost::shutdown() {
 }
 
 // --- lab
-VerbsLab::VerbsLab(uint64_t seed)
+VerbsLab::VerbsLab(uint64_t seed, std::string host_name)
     : seed_(seed),
       history_([this] { return runtime_.now_ns(); }),
-      host_(std::make_shared<LocalHost>(&history_, "local")) {}
+      host_(std::make_shared<LocalHost>(&history_, std::move(host_name))) {}
 
 VerbsLab::~VerbsLab() {
   shutdown();

@@ -57,7 +57,8 @@ class LocalHost final : public Host {
 
 class VerbsLab final : public Lab {
  public:
-  explicit VerbsLab(uint64_t seed);
+  // host_name: how this machine is named in the scenario ("a", "b", ...; "local" alone).
+  explicit VerbsLab(uint64_t seed, std::string host_name = "local");
   ~VerbsLab() override;
   std::string backend() const override { return "verbs"; }
   uint64_t seed() const override { return seed_; }
@@ -66,6 +67,7 @@ class VerbsLab final : public Lab {
   std::vector<std::shared_ptr<Host>> hosts() const override { return {host_}; }
   std::shared_ptr<Host> host(const std::string& name) const override;
   void shutdown() override;
+  void set_clock_offset(TimeNs offset_ns) { runtime_.set_clock_offset(offset_ns); }
 
  private:
   uint64_t seed_;

@@ -52,7 +52,7 @@ def test_status_names():
 
 def test_timing_and_param_builders():
     t = make_timing({"cm_response_timeout": 16}, max_cm_retries=3)
-    assert (t.cm_response_timeout, t.max_cm_retries, t.packet_life_time) == (16, 3, 16)
+    assert (t.cm_response_timeout, t.max_cm_retries, t.packet_life_time) == (16, 3, 18)
     assert make_timing() is None
     with pytest.raises(TypeError, match="unknown CM timing"):
         make_timing(retries=3)

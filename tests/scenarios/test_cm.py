@@ -30,9 +30,9 @@ def test_connect_and_disconnect(lab):
 
     t0 = lab.now_ns
     client.disconnect()
-    server.wait("DISCONNECTED", ms(100))
+    server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
     server.disconnect()
-    client.wait("DISCONNECTED", ms(100))
+    client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
     if is_iwarp(lab):
         lab.run_for(sec(5))
         # iWARP: only CLOSE reaches rdma_cm users; never TIMEWAIT_EXIT (iwcm.c, cma_iw_handler).
@@ -40,14 +40,14 @@ def test_connect_and_disconnect(lab):
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED"]
     else:
         timing = IbCmTiming.for_caps(lab.host("a").caps())
-        client.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10))
-        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10))
+        client.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10) + lab.tolerance_ns)
+        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10) + lab.tolerance_ns)
         assert names(client) == ["ADDR_RESOLVED", "ROUTE_RESOLVED", "ESTABLISHED",
                                  "DISCONNECTED", "TIMEWAIT_EXIT"]
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED",
                                  "TIMEWAIT_EXIT"]
         # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
-        assert client.events[3].t_ns - t0 < ms(10)
+        assert client.events[3].t_ns - t0 < ms(10) + lab.tolerance_ns
     assert all(e.status == 0 for e in client.events + server.events)
     assert pair.client.qp.state == "ERR"
 

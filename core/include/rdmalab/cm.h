@@ -70,7 +70,9 @@ struct CmEvent {
 struct CmTiming {
   uint8_t cm_response_timeout = 20;  // CMA_CM_RESPONSE_TIMEOUT: 4.096 us * 2^20 = 4.3 s
   uint8_t max_cm_retries = 15;       // CMA_MAX_CM_RETRIES
-  uint8_t packet_life_time = 16;     // CMA_IBOE_PACKET_LIFETIME (RoCE path record)
+  // CMA_IBOE_PACKET_LIFETIME, 18 in Linux 6.1 cma.c (16 in older trees); opensm's default
+  // packet life time on IB is 18 as well.
+  uint8_t packet_life_time = 18;
 };
 
 class CmId : public Object {

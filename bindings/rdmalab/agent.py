@@ -1,0 +1,43 @@
+"""The host agent: the Python host API over the verbs backend, in the machine whose devices it
+drives (a VM of the lab, later a real host). The controller starts it through execnet
+(rdmalab.remote.Agent.start) and drives it over RPyC on that channel; nothing listens on a
+port. It lives as long as the channel: when the controller goes, the agent's labs shut down
+(every verbs object released) and the process exits.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+_LABS: list = []
+_LOCK = threading.Lock()
+
+
+def track(lab) -> None:
+    with _LOCK:
+        _LABS.append(lab)
+
+
+def serve(channel) -> None:
+    """Serves the controller until the channel closes (execnet's remote_exec body)."""
+    import rpyc
+
+    from .remote import RPYC_CONFIG, ExecnetStream
+    conn = rpyc.connect_stream(ExecnetStream(channel), service=rpyc.ClassicService,
+                               config=RPYC_CONFIG)
+    try:
+        conn.serve_all()
+    finally:
+        shutdown_all()
+
+
+def shutdown_all() -> None:
+    with _LOCK:
+        labs = list(_LABS)
+        _LABS.clear()
+    for lab in reversed(labs):
+        try:
+            lab.shutdown()
+        except Exception as e:  # the process is going; say what was left behind
+            print(f"rdmalab agent: shutdown of {lab!r} failed: {e}", file=sys.stderr)

@@ -1,0 +1,250 @@
+"""Hosts in other processes and on other machines: the controller drives the Python host API
+of an agent (rdmalab.agent) through execnet, the remote-execution path that works over SSH.
+
+execnet carries bytes; RPyC, over an execnet channel, makes the agent's objects usable here as
+proxies (netrefs): `lab.host("a")` in a VM lab is the agent's Host, and everything made from it
+(processes, contexts, QPs, CM ids) lives in the agent. Objects that must sit beside the verbs
+objects they use (Traffic, Dispatcher, Player, CmSide, drain) are built in the agent: the
+constructors in rdmalab.stack / rdmalab.resources ask `placement()` where their anchor lives.
+
+    gw = execnet.makegateway("ssh=vm1//ssh_config=...//python=/usr/bin/python3")
+    agent = Agent.start(gw, host="a", seed=1, addresses={"a": "10.0.0.1", "b": "10.0.0.2"})
+    lab = agent.lab          # the agent's rdmalab.Lab (verbs backend)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional
+
+try:  # the model needs none of this; a verbs-only install may lack RPyC
+    import rpyc
+    from rpyc.core import netref
+    from rpyc.core.stream import Stream
+except ImportError:  # pragma: no cover - Debian's python3-rpyc is a dependency
+    rpyc = netref = None
+    Stream = object
+
+BINDINGS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Calls may block for as long as a scenario waits on a device (a DREQ given up after 100 s);
+# the engine's own deadlines bound them, so RPyC's timeout is only a last net.
+RPC_TIMEOUT_S = 900
+RPYC_CONFIG = {
+    "allow_all_attrs": True, "allow_public_attrs": True, "allow_pickle": True,
+    "allow_setattr": True, "allow_delattr": True, "import_custom_exceptions": True,
+    "instantiate_custom_exceptions": True, "sync_request_timeout": RPC_TIMEOUT_S,
+    "propagate_SystemExit_locally": True,
+}
+
+# The agent's side: runs in the remote interpreter with execnet's `channel` in scope.
+AGENT_BOOT = """
+import sys
+sys.path.insert(0, {bindings!r})
+from rdmalab.agent import serve
+serve(channel)
+"""
+
+
+class ExecnetStream(Stream):
+    """An RPyC stream over an execnet channel: frames go as bytes messages; reads take exactly
+    the bytes asked for, keeping the rest of a message for the next read."""
+
+    MAX_IO_CHUNK = 64 * 1024
+    __slots__ = ("_ch", "_buf", "_closed")
+
+    def __init__(self, channel):
+        self._ch = channel
+        self._buf = bytearray()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._ch.isclosed()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._ch.close()
+        except Exception:  # the gateway may be gone already
+            pass
+
+    def fileno(self) -> int:
+        raise OSError("an execnet channel has no file descriptor")
+
+    def _take(self, timeout: Optional[float]) -> bool:
+        import execnet
+        try:
+            chunk = self._ch.receive(timeout)
+        except self._ch.TimeoutError:
+            return False
+        except (EOFError, execnet.RemoteError, OSError) as e:
+            self._closed = True
+            raise EOFError(f"agent channel closed: {e}") from e
+        self._buf += chunk
+        return True
+
+    def poll(self, timeout) -> bool:
+        if self._buf:
+            return True
+        t = getattr(timeout, "timeleft", lambda: timeout)()
+        return self._take(t)
+
+    def read(self, count: int) -> bytes:
+        while len(self._buf) < count:
+            self._take(None)
+        data = bytes(self._buf[:count])
+        del self._buf[:count]
+        return data
+
+    def write(self, data) -> None:
+        try:
+            self._ch.send(bytes(data))
+        except (OSError, ValueError) as e:
+            self._closed = True
+            raise EOFError(f"agent channel closed: {e}") from e
+
+
+class _Serve(threading.Thread):
+    """Serves the agent's requests (handlers and predicates the controller passed it) while
+    the controller's own thread is elsewhere, e.g. sleeping in lab.run_for."""
+
+    def __init__(self, conn, name: str):
+        super().__init__(name=f"rpyc-{name}", daemon=True)
+        self._conn, self._stop = conn, threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._conn.serve(0.05)
+            except EOFError:
+                return
+            except Exception:  # a closed connection during shutdown
+                if self._stop.is_set() or self._conn.closed:
+                    return
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_AGENTS: dict[int, "Agent"] = {}
+
+
+class Agent:
+    """One agent: an execnet gateway, the RPyC connection over it, and the agent's lab."""
+
+    def __init__(self, gateway, conn, host: str):
+        self.gateway, self.conn, self.host = gateway, conn, host
+        self.lab = None
+        self.broken = ""  # why this agent can no longer be trusted ("" = fine)
+        self.offset_ns = 0  # controller clock - agent clock (CLOCK_MONOTONIC each)
+        self._server = _Serve(conn, host)
+        self._server.start()
+        _AGENTS[id(conn)] = self
+
+    @classmethod
+    def start(cls, gateway, host: str) -> "Agent":
+        channel = gateway.remote_exec(AGENT_BOOT.format(bindings=BINDINGS))
+        conn = rpyc.connect_stream(ExecnetStream(channel), service=rpyc.ClassicService,
+                                   config=RPYC_CONFIG)
+        agent = cls(gateway, conn, host)
+        agent.sync_clock()
+        return agent
+
+    def module(self, name: str):
+        return self.conn.modules[name]
+
+    def new_lab(self, seed: int, host: str, addresses: dict[str, str]):
+        """A fresh verbs lab in the agent, its one host named as the scenario names it."""
+        if self.lab is not None:
+            self.close_lab()
+        self.host = host
+        self.lab = self.module("rdmalab.lab").verbs_lab(seed, host, tuple(addresses.items()))
+        self.sync_clock()
+        # The agent's times (history, events, deadlines) on the controller's clock.
+        self.lab._o.set_clock_offset(self.offset_ns)
+        return self.lab
+
+    def close_lab(self) -> None:
+        lab, self.lab = self.lab, None
+        if lab is not None:
+            lab.shutdown()
+
+    def sync_clock(self) -> None:
+        """Offset of the agent's monotonic clock from ours, from the fastest of a few round
+        trips (as NTP does): merged histories order records of different hosts by it."""
+        clock = self.module("time").monotonic_ns
+        best = None
+        for _ in range(5):
+            t0 = time.monotonic_ns()
+            remote = clock()
+            t1 = time.monotonic_ns()
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, (t0 + t1) // 2 - remote)
+        self.offset_ns = best[1]
+
+    def call(self, module: str, name: str, *args, **kw):
+        """module.name(*args, **kw) in the agent; the agent's lab replaces a lab argument."""
+        return getattr(self.module(module), name)(*args, **kw)
+
+    def close(self) -> None:
+        try:
+            self.close_lab()
+        except Exception:  # the agent (or its VM) may be gone
+            pass
+        self._server.stop()
+        _AGENTS.pop(id(self.conn), None)
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        try:
+            self.gateway.exit()
+        except Exception:
+            pass
+
+
+def is_remote(obj: Any) -> bool:
+    return netref is not None and isinstance(obj, netref.BaseNetref)
+
+
+def agent_of(obj: Any) -> Optional[Agent]:
+    """The agent an object lives in (None: it is local)."""
+    if not is_remote(obj):
+        return None
+    conn = object.__getattribute__(obj, "____conn__")
+    return _AGENTS.get(id(conn))
+
+
+def placement(lab, anchor) -> Optional[Agent]:
+    """Where an object anchored to `anchor` (a host name, a Host, a QP, a context, ...) must be
+    built: the agent it lives in, or None for here."""
+    agent = agent_of(anchor)
+    if agent is not None:
+        return agent
+    if isinstance(anchor, str) and hasattr(lab, "agent_for"):
+        return lab.agent_for(anchor)
+    return None
+
+
+def build(lab, anchor, cls, *args, **kw):
+    """cls(agent_lab, *args, **kw) built in the agent where `anchor` lives; None if local.
+    For __new__ of classes that must sit beside their verbs objects."""
+    agent = placement(lab, anchor)
+    if agent is None:
+        return None
+    return agent.call(cls.__module__, cls.__qualname__, agent.lab, *args, **kw)
+
+
+def new(cls, lab, anchor, *args, **kw):
+    """For cls.__new__: the object built where `anchor` lives (then __init__ does not run
+    here), or a plain new instance of cls."""
+    built = build(lab, anchor, cls, *args, **kw)
+    return built if built is not None else object.__new__(cls)
+
+
+def obtain(obj):
+    """A local copy of a remote plain value (numbers, strings, lists, dicts of them)."""
+    return rpyc.classic.obtain(obj) if is_remote(obj) else obj

@@ -1,0 +1,92 @@
+"""The controller-agent path without a VM: an agent in a local subprocess (execnet popen),
+driven over RPyC on the execnet channel, with a verbs lab of this machine (no RDMA device
+here, so only what needs none), and the --lab vm option parsing and fallback."""
+
+import os
+import time
+
+import pytest
+
+from rdmalab import cli
+from rdmalab.pytest_plugin import parse_lab_option, parse_lab_options
+
+execnet = pytest.importorskip("execnet", reason="python3-execnet is not installed")
+pytest.importorskip("rpyc", reason="python3-rpyc is not installed")
+
+from rdmalab import remote  # noqa: E402
+
+
+@pytest.fixture
+def agent():
+    gw = execnet.makegateway("popen//python=/usr/bin/python3")
+    a = remote.Agent.start(gw, "a")
+    yield a
+    a.close()
+
+
+def test_agent_runs_a_verbs_lab_named_as_the_scenario_names_it(agent):
+    lab = agent.new_lab(7, "a", {"a": "10.0.0.1", "b": "10.0.0.2"})
+    assert lab.backend == "verbs" and lab.seed == 7
+    assert list(lab.hosts) == ["a"]
+    assert lab.address_of("b") == "10.0.0.2"
+    host = lab.host("a")
+    assert remote.is_remote(host) and remote.agent_of(host) is agent
+    assert host.name == "a"
+
+
+def test_agent_clock_is_offset_onto_the_controllers(agent):
+    lab = agent.new_lab(1, "a", {})
+    before = time.monotonic_ns()
+    remote_now = lab.now_ns
+    after = time.monotonic_ns()
+    # The agent's clock, offset by the measured difference, lies within the round trip.
+    assert before - 50_000_000 <= remote_now <= after + 50_000_000
+
+
+def test_engine_errors_come_back_with_errno_and_verb(agent):
+    lab = agent.new_lab(1, "a", {})
+    from rdmalab import Error
+    with pytest.raises(Error) as e:
+        lab.host("nope")
+    assert e.value.errno == 2 and "no host nope" in str(e.value)
+
+
+def test_callbacks_run_in_the_controller(agent):
+    seen = []
+    mapped = agent.module("builtins").list(agent.module("builtins").map(
+        lambda x: seen.append(x) or x * 2, [1, 2, 3]))
+    assert list(mapped) == [2, 4, 6] and seen == [1, 2, 3]
+
+
+def test_endpoint_values_round_trip():
+    from rdmalab import _core, stack
+    ep = _core.Endpoint()
+    ep.qp_num, ep.psn, ep.lid, ep.port_num = 17, 0x100, 3, 1
+    values = stack.endpoint_values(ep)
+    back = stack.as_endpoint(values)
+    assert (back.qp_num, back.psn, back.lid, back.port_num) == (17, 0x100, 3, 1)
+    assert bytes(back.gid.raw) == bytes(ep.gid.raw)
+
+
+def test_vm_lab_option_parsing(monkeypatch):
+    import rdmalab.vm as vm
+    monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
+    assert [s.id for s in parse_lab_option("vm")] == ["vm-rxe"]
+    assert [s.id for s in parse_lab_option("vm:rxe,siw")] == ["vm-rxe", "vm-siw"]
+    with pytest.raises(pytest.UsageError, match="unknown VM lab device mlx5"):
+        parse_lab_option("vm:mlx5")
+    ids = [s.id for s in parse_lab_options(["model:roce", "vm:rxe", "model:roce"])]
+    assert ids == ["model-roce", "vm-rxe"]
+    monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
+    with pytest.raises(pytest.UsageError, match="cannot run here: no qemu here"):
+        parse_lab_option("vm:siw")
+
+
+def test_cli_falls_back_to_the_model_saying_why(monkeypatch, capsys):
+    import rdmalab.vm as vm
+    monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
+    assert cli.usable_labs(["model:roce", "vm:rxe"]) == ["model:roce"]
+    assert cli.usable_labs(["vm:siw"]) == ["model:iwarp-siw"]
+    assert "no qemu here" in capsys.readouterr().err
+    monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
+    assert cli.usable_labs(["vm:rxe"]) == ["vm:rxe"]
