@@ -198,12 +198,15 @@ class NoFaults:
     def __getattr__(self, fault: str):
         if fault.startswith("_"):
             raise AttributeError(fault)
-        backend = self._lab.backend
+        reason = self._unsupported_reason(fault)
 
         def unsupported(*args, **kwargs):
-            raise FaultNotSupported(fault, f"backend {backend} cannot apply this fault")
+            raise FaultNotSupported(fault, reason)
 
         return unsupported
+
+    def _unsupported_reason(self, fault: str) -> str:
+        return f"backend {self._lab.backend} cannot apply this fault"
 
 
 def _host_name(host) -> str:

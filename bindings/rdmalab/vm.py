@@ -22,6 +22,7 @@ import time
 from typing import Callable, Iterable, Optional, Union
 
 from .errors import FaultNotSupported, Hung
+from .faults import NoFaults
 from .remote import Agent
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -97,13 +98,13 @@ class VmPool:
         self.vmlab.close()
 
 
-class VmFaults:
+class VmFaults(NoFaults):
     """The faults the VM lab applies so far: link down/up of a host's data NIC (rxe and siw
     raise PORT_ERR / PORT_ACTIVE from the netdev's carrier). Wire rules, reboots and process
     kills come with the fault switch; until then they raise FaultNotSupported."""
 
     def __init__(self, lab: "VmLab"):
-        self._lab = lab
+        super().__init__(lab)
         self._counts: dict[str, int] = {}
         self._down: set[str] = set()
 
@@ -144,22 +145,13 @@ class VmFaults:
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
 
-    def kill(self, process) -> None:
-        process.kill()
-
     def clear(self) -> None:
         for name in list(self._down):  # the next lab on these VMs starts with links up
             self.port_up(name)
 
-    def __getattr__(self, fault: str):
-        if fault.startswith("_"):
-            raise AttributeError(fault)
-
-        def unsupported(*args, **kwargs):
-            raise FaultNotSupported(fault, f"the VM lab ({self._lab.description}) cannot apply "
-                                    f"{fault} yet: wire, reboot and process faults need the "
-                                    "fault switch")
-        return unsupported
+    def _unsupported_reason(self, fault: str) -> str:
+        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet: wire, reboot "
+                "and process faults need the fault switch")
 
 
 class VmLab:
