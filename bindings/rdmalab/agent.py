@@ -23,8 +23,8 @@ def serve(channel) -> None:
     """Serves the controller until the channel closes (execnet's remote_exec body)."""
     import rpyc
 
-    from .remote import RPYC_CONFIG, ExecnetStream
-    conn = rpyc.connect_stream(ExecnetStream(channel), service=rpyc.ClassicService,
+    from .remote import RPYC_CONFIG, AgentService, ExecnetStream
+    conn = rpyc.connect_stream(ExecnetStream(channel), service=AgentService,
                                config=RPYC_CONFIG)
     try:
         conn.serve_all()

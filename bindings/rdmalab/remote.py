@@ -15,22 +15,25 @@ constructors in rdmalab.stack / rdmalab.resources ask `placement()` where their 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Optional
 
 try:  # the model needs none of this; a verbs-only install may lack RPyC
     import rpyc
-    from rpyc.core import netref
+    from rpyc.core import consts, netref
     from rpyc.core.stream import Stream
 except ImportError:  # pragma: no cover - Debian's python3-rpyc is a dependency
-    rpyc = netref = None
+    rpyc = netref = consts = None
     Stream = object
 
 BINDINGS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Calls may block for as long as a scenario waits on a device (a DREQ given up after 100 s);
 # the engine's own deadlines bound them, so RPyC's timeout is only a last net.
 RPC_TIMEOUT_S = 900
+# Lab shutdown releases every verbs object; past this the agent is taken as stuck.
+CLOSE_DEADLINE_S = 60.0
 RPYC_CONFIG = {
     "allow_all_attrs": True, "allow_public_attrs": True, "allow_pickle": True,
     "allow_setattr": True, "allow_delattr": True, "import_custom_exceptions": True,
@@ -106,6 +109,63 @@ class ExecnetStream(Stream):
             raise EOFError(f"agent channel closed: {e}") from e
 
 
+if rpyc is not None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rpyc.core.protocol import Connection as _Connection
+
+    class ThreadedConnection(_Connection):
+        """The agent's side of the connection: each request runs in a worker thread.
+
+        RPyC dispatches a request in the thread that read it, holding the receive lock. In the
+        agent that thread would sit in a blocking call (Dispatcher.stop waiting for a running
+        handler, a wait on a device) while the handler it waits for - running in a C++ event
+        thread of the agent - calls the controller and needs that lock to read the reply: a
+        deadlock. Arguments are unboxed in the reading thread, so requests keep their order
+        up to the handler call."""
+
+        WORKERS = 64
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self._workers = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="rpyc-req")
+
+        def _dispatch_request(self, seq, raw_args):
+            try:
+                handler, args = raw_args
+                args = self._unbox(args)
+            except Exception:
+                return super()._dispatch_request(seq, raw_args)  # replies with the error
+            self._workers.submit(self._run_request, seq, handler, args)
+
+        def _run_request(self, seq, handler, args):
+            try:
+                res = self._HANDLERS[handler](self, *args)
+            except BaseException:
+                t, v, tb = sys.exc_info()
+                self._last_traceback = tb
+                if self.closed:
+                    return
+                try:
+                    self._send(consts.MSG_EXCEPTION, seq, self._box_exc(t, v, tb))
+                except Exception:  # the controller went away
+                    pass
+            else:
+                if self.closed:
+                    return
+                try:
+                    self._send(consts.MSG_REPLY, seq, self._box(res))
+                except Exception:
+                    pass
+
+        def close(self):
+            super().close()
+            self._workers.shutdown(wait=False, cancel_futures=True)
+
+    class AgentService(rpyc.ClassicService):
+        _protocol = ThreadedConnection
+
+
 class _Serve(threading.Thread):
     """Serves the agent's requests (handlers and predicates the controller passed it) while
     the controller's own thread is elsewhere, e.g. sleeping in lab.run_for."""
@@ -165,10 +225,30 @@ class Agent:
         self.lab._o.set_clock_offset(self.offset_ns)
         return self.lab
 
-    def close_lab(self) -> None:
+    def close_lab(self, deadline_s: float = CLOSE_DEADLINE_S) -> None:
+        """Shuts the agent's lab down. A shutdown that does not return by the deadline (a
+        destroy stuck in the kernel) marks the agent broken and raises Hung: its owner
+        restarts the agent (in the VM lab, reboots the VM) before using it again."""
         lab, self.lab = self.lab, None
         if lab is not None:
-            lab.shutdown()
+            self.call_with_deadline(lab.shutdown, deadline_s, "lab shutdown")
+
+    def call_with_deadline(self, fn, deadline_s: float, what: str, *args):
+        """fn(*args) in the agent, waiting at most deadline_s; past it the agent is broken."""
+        from .errors import Hung
+        if self.broken:
+            raise Hung(f"{self.host}: {what}", f"agent {self.host} is broken: {self.broken}")
+        res = rpyc.async_(fn)(*args)
+        res.set_expiry(deadline_s)
+        try:
+            res.wait()
+        except rpyc.AsyncResultTimeout:
+            self.broken = f"{what} did not return within {deadline_s} s"
+            raise Hung(f"{self.host}: {what}", f"agent {self.host}: {self.broken}") from None
+        except EOFError as e:
+            self.broken = f"the agent's channel closed during {what}: {e}"
+            raise
+        return res.value
 
     def sync_clock(self) -> None:
         """Offset of the agent's monotonic clock from ours, from the fastest of a few round
@@ -187,11 +267,12 @@ class Agent:
         """module.name(*args, **kw) in the agent; the agent's lab replaces a lab argument."""
         return getattr(self.module(module), name)(*args, **kw)
 
-    def close(self) -> None:
-        try:
-            self.close_lab()
-        except Exception:  # the agent (or its VM) may be gone
-            pass
+    def close(self, deadline_s: float = CLOSE_DEADLINE_S) -> None:
+        if not self.broken:
+            try:
+                self.close_lab(deadline_s)
+            except Exception:  # the agent (or its VM) may be gone
+                pass
         self._server.stop()
         _AGENTS.pop(id(self.conn), None)
         try:

@@ -61,7 +61,6 @@ class VmPool:
         why = qemu_unavailable()
         if why:
             raise RuntimeError(f"the VM lab cannot run here: {why}")
-        import execnet
         vm_mod = _vmlab()
         self.rdma, self.n = rdma, n
         self.vmlab = vm_mod.Lab(n, rdma=rdma)
@@ -73,12 +72,30 @@ class VmPool:
             self.vmlab.wait_all_ready(boot_deadline_s)
             self.boot_s = time.monotonic() - t0
             for vm in self.vmlab.vms:
-                gw = execnet.makegateway(f"ssh=-F {self.vmlab.ssh_config} {vm.spec.name}"
-                                         f"//python=/usr/bin/python3")
-                self.agents.append(Agent.start(gw, vm.spec.name))
+                self.agents.append(self._start_agent(vm))
         except BaseException:
             self.close()
             raise
+
+    def _start_agent(self, vm) -> Agent:
+        import execnet
+        gw = execnet.makegateway(f"ssh=-F {self.vmlab.ssh_config} {vm.spec.name}"
+                                 f"//python=/usr/bin/python3")
+        return Agent.start(gw, vm.spec.name)
+
+    def heal(self) -> list[str]:
+        """Reboots each VM whose agent is broken (a shutdown stuck in the kernel, a lost
+        channel) and starts a fresh agent there; returns what was healed and why."""
+        healed = []
+        for i, agent in enumerate(self.agents):
+            if not agent.broken:
+                continue
+            vm = self.vmlab.vms[i]
+            healed.append(f"{vm.spec.name}: {agent.broken}")
+            agent.close(deadline_s=5.0)
+            vm.reboot()
+            self.agents[i] = self._start_agent(vm)
+        return healed
 
     @property
     def vms(self):
@@ -167,6 +184,7 @@ class VmLab:
         if len(names) > len(pool.agents):
             raise FaultNotSupported("hosts", f"the VM lab has {len(pool.agents)} hosts; the "
                                     f"scenario wants {len(names)} ({', '.join(names)})")
+        healed = pool.heal()  # a stuck agent from an earlier lab: rebooted first
         self.pool, self.seed = pool, seed
         self.description = f"vm:{pool.rdma}"
         self.replay = ""
@@ -181,7 +199,7 @@ class VmLab:
         self._lock = threading.Lock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
-                    vms={n: vm.spec.name for n, vm in self._vms.items()})
+                    vms={n: vm.spec.name for n, vm in self._vms.items()}, healed=healed)
 
     # -- hosts
     now_ns = property(lambda self: time.monotonic_ns())
@@ -292,11 +310,18 @@ class VmLab:
         if self._shut:
             return
         self._shut = True
+        errors = []
         try:
             self._faults.clear()
         finally:
-            for agent in self._agents.values():
-                agent.close_lab()
+            for name, agent in self._agents.items():
+                try:
+                    agent.close_lab()
+                except Exception as e:  # the others still close; the next lab heals it
+                    agent.broken = agent.broken or f"lab shutdown failed: {e}"
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "VmLab":
         return self

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <atomic>
 #include <ctime>
 
 #include <algorithm>
@@ -33,10 +34,18 @@ std::string object_label(const AsyncEvent& ev) {
 }
 }  // namespace
 
+namespace {
+std::atomic<TimeNs> g_clock_offset_ns{0};
+}  // namespace
+
 TimeNs monotonic_now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<TimeNs>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
+  return static_cast<TimeNs>(ts.tv_sec) * kNsPerSec + ts.tv_nsec + g_clock_offset_ns.load();
+}
+
+void set_process_clock_offset(TimeNs offset_ns) {
+  g_clock_offset_ns.store(offset_ns);
 }
 
 EventQueue::EventQueue(History* history, std::string host)

@@ -23,7 +23,12 @@
 
 namespace rdmalab::verbs {
 
+// The verbs backend's one clock: CLOCK_MONOTONIC plus this process's offset onto the
+// controller's clock (0 unless a controller set one). Runtime deadlines, event waits and
+// history times all use it, so a deadline made from RealRuntime::now_ns() means the same
+// instant to every wait in the process.
 TimeNs monotonic_now_ns();
+void set_process_clock_offset(TimeNs offset_ns);
 
 class EventQueue {
  public:

@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 #include "rdmalab/error.h"
+#include "verbs/real_runtime.h"
 
 namespace rdmalab::verbs {
 namespace {
@@ -46,6 +48,18 @@ TEST_F(EventQueueTest, GetReturnsNulloptAtDeadline) {
   const TimeNs start = monotonic_now_ns();
   EXPECT_FALSE(q_.get(start + 5 * kNsPerMs).has_value());
   EXPECT_GE(monotonic_now_ns() - start, 5 * kNsPerMs);
+}
+
+// A controller's clock offset moves every deadline of the process alike: a wait whose deadline
+// came from RealRuntime::now_ns() ends on time, not `offset` later (the VM lab's agents hung
+// in Dispatcher::stop when the event queue read the raw clock).
+TEST_F(EventQueueTest, DeadlineFromRuntimeClockHoldsUnderOffset) {
+  RealRuntime::set_clock_offset(1000 * kNsPerSec);
+  RealRuntime rt;
+  const auto raw_start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(q_.get(rt.now_ns() + 5 * kNsPerMs).has_value());
+  RealRuntime::set_clock_offset(0);
+  EXPECT_LT(std::chrono::steady_clock::now() - raw_start, std::chrono::seconds(5));
 }
 
 TEST_F(EventQueueTest, PortEventCarriesPortNumber) {

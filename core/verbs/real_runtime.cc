@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "rdmalab/error.h"
+#include "verbs/events.h"
 
 namespace rdmalab::verbs {
 
@@ -15,9 +16,11 @@ RealRuntime::~RealRuntime() {
 }
 
 TimeNs RealRuntime::now_ns() const {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<TimeNs>(ts.tv_sec) * kNsPerSec + ts.tv_nsec + offset_ns_.load();
+  return monotonic_now_ns();
+}
+
+void RealRuntime::set_clock_offset(TimeNs offset_ns) {
+  set_process_clock_offset(offset_ns);
 }
 
 void RealRuntime::spawn(const std::string& name, std::function<void()> body) {

@@ -25,10 +25,12 @@ class RealRuntime final : public Runtime {
   RealRuntime(const RealRuntime&) = delete;
   RealRuntime& operator=(const RealRuntime&) = delete;
 
-  // CLOCK_MONOTONIC plus an offset: a controller driving several machines sets each one's
-  // offset so that all their times (histories, event times) fall on the controller's clock.
+  // monotonic_now_ns(): CLOCK_MONOTONIC plus the process's offset. A controller driving
+  // several machines sets each one's offset so that all their times (histories, event times,
+  // deadlines) fall on the controller's clock. The offset is the process's, not this
+  // runtime's: the event and CM waits of the verbs objects read the same clock.
   TimeNs now_ns() const override;
-  void set_clock_offset(TimeNs offset_ns) { offset_ns_.store(offset_ns); }
+  static void set_clock_offset(TimeNs offset_ns);
   void spawn(const std::string& name, std::function<void()> body) override;
   bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) override;
   void notify_all() override;
@@ -44,7 +46,6 @@ class RealRuntime final : public Runtime {
  private:
   void run_body(const std::string& name, const std::function<void()>& body);
 
-  std::atomic<TimeNs> offset_ns_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t generation_ = 0;  // bumped by notify_all: a waiter never misses a notify

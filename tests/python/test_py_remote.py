@@ -51,6 +51,24 @@ def test_engine_errors_come_back_with_errno_and_verb(agent):
     assert e.value.errno == 2 and "no host nope" in str(e.value)
 
 
+def test_agent_thread_calls_controller_while_a_request_blocks_on_it(agent):
+    """A C++ event thread of the agent runs a controller handler while the controller's request
+    (Dispatcher.stop) waits for that handler: the agent must still read the controller's reply.
+    (RPyC alone dispatches requests holding its receive lock: this deadlocked.)"""
+    agent.conn.execute(
+        "import threading\n"
+        "def run_and_join(cb):\n"
+        "    t = threading.Thread(target=cb)\n"
+        "    t.start()\n"
+        "    t.join(10)\n"
+        "    return not t.is_alive()\n")
+    called = []
+    t0 = time.monotonic()
+    assert agent.conn.namespace["run_and_join"](lambda: called.append(1)), \
+        "the agent's thread could not call the controller while a request waited on it"
+    assert called == [1] and time.monotonic() - t0 < 5
+
+
 def test_callbacks_run_in_the_controller(agent):
     seen = []
     mapped = agent.module("builtins").list(agent.module("builtins").map(
