@@ -173,6 +173,12 @@ def pytest_configure(config):
         "requires(*features, transport=None, event=None): run only where the device has the "
         "features (xrc, srq, ud), one of the transports (IB, RoCE, iWARP) and raises the async "
         "event(s); skip naming what is missing otherwise")
+    config.addinivalue_line(
+        "markers",
+        "finding(devices, name, text): a known divergence of these devices (personalities, "
+        "e.g. \"rxe\") from what the scenario asserts: there the scenario must fail its "
+        "assertion and is reported as the finding (strict xfail); passing there fails the run "
+        "(the finding is gone: update it)")
     _VM_HOSTS[0] = config.getoption("vm_hosts")
     if _VM_HOSTS[0] < 1:
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
@@ -285,7 +291,8 @@ def unmet_requirement(mark, caps: DeviceCaps) -> Optional[str]:
             raise pytest.UsageError(f"requires({feature!r}): unknown feature; "
                                     f"known: {', '.join(FEATURES)}")
         if not getattr(caps, feature):
-            return f"requires {feature}: {dev} has no {FEATURES[feature]}"
+            return (f"requires {feature}: no {FEATURES[feature]} on {caps.personality} "
+                    f"({dev})")
     unknown = set(mark.kwargs) - {"transport", "event"}
     if unknown:
         raise pytest.UsageError(f"requires(): unknown keyword(s) {sorted(unknown)}; "
@@ -319,6 +326,25 @@ def pytest_collection_modifyitems(config, items):
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
+        for mark in item.iter_markers("finding"):
+            reason = finding_on(mark, spec)
+            if reason:
+                item.add_marker(pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                  reason=reason))
+
+
+def finding_on(mark, spec) -> Optional[str]:
+    """The xfail reason of @finding(devices, name, text) on this lab, or None (not its
+    device). Only real devices carry findings: a model personality predicts the spec."""
+    if len(mark.args) != 3:
+        raise pytest.UsageError("finding(devices, name, text): three arguments")
+    devices, name, text = mark.args
+    if spec.backend == "model":
+        return None
+    caps = spec.caps()
+    if caps.personality not in _as_list(devices):
+        return None
+    return f"finding {name} on {caps.personality} ({caps.name}): {text}"
 
 
 @pytest.hookimpl(tryfirst=True)

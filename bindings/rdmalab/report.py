@@ -14,7 +14,7 @@ from typing import Optional
 class Result:
     scenario: str
     column: str
-    outcome: str  # passed, failed, error, skipped
+    outcome: str  # passed, failed, error, skipped, finding (a device divergence, xfail)
     message: str
     properties: dict
 
@@ -28,6 +28,8 @@ def read_junit(path: str) -> list[Result]:
             node = case.find(tag)
             if node is not None:
                 outcome, message = name, node.get("message") or ""
+                if tag == "skipped" and node.get("type") == "pytest.xfail":
+                    outcome = "finding"  # a known device divergence, reproduced
         scenario, column = split_name(case.get("classname", ""), case.get("name", ""), props)
         results.append(Result(scenario, column, outcome, message, props))
     return results
@@ -47,7 +49,8 @@ def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:
     return (f"{row}[{params}]" if params else row), column
 
 
-CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped"}
+CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped",
+        "finding": "finding"}
 
 
 def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
@@ -73,6 +76,10 @@ def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
     if skipped:
         out.append("\nskipped:")
         out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in skipped]
+    findings = [r for r in results if r.outcome == "finding"]
+    if findings:
+        out.append("\nfindings (the device diverges from the scenario's assertion, as known):")
+        out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in findings]
     bad = [r for r in results if r.outcome in ("failed", "error")]
     if bad:
         out.append("\nfailed:")

@@ -60,6 +60,8 @@ struct AsyncDispatcher::State {
   std::deque<std::shared_ptr<Entry>> ready;
   std::map<uint64_t, std::vector<AsyncEvent>> routed;  // by object_id
   std::map<std::pair<uint64_t, AsyncEventType>, size_t> read_counts;
+  // Read and done with: its handler returned, or it was dropped (destroy, stop) or had none.
+  std::map<std::pair<uint64_t, AsyncEventType>, size_t> settled_counts;
   DispatcherStats stats;
   bool stop = false;
   int live_threads = 0;
@@ -119,11 +121,13 @@ void AsyncDispatcher::State::route(const AsyncEvent& ev) {
       target = retired[ev.object_id]->label;
       dropped = true;
       ++stats.dropped;
+      ++settled_counts[{ev.object_id, ev.type}];
     } else {
       target = fallback->label;
       ++stats.unaffiliated;
       no_handler = !fallback->handler;
       if (!no_handler) queued = fallback;
+      if (no_handler) ++settled_counts[{ev.object_id, ev.type}];
     }
     if (queued) enqueue_locked(queued, ev);
   }
@@ -199,6 +203,7 @@ bool AsyncDispatcher::State::run_one() {
     e->running_object = 0;
     e->running_thread = {};
     ++stats.delivered;
+    ++settled_counts[{ev.object_id, ev.type}];
     if (failed) ++stats.handler_errors;
     schedule_locked(e);
   }
@@ -299,6 +304,7 @@ void AsyncDispatcher::stop(TimeNs deadline_ns) {
     }
     st.ready.clear();
     st.stats.dropped += left.size();
+    for (const auto& ev : left) ++st.settled_counts[{ev.object_id, ev.type}];
   }
   for (const auto& ev : left) {
     auto data = event_json(ev);
@@ -399,6 +405,7 @@ void AsyncDispatcher::destroy_object(const Object& obj,
     st.fallback->refs -= static_cast<int>(defaulted.size());
     dropped.insert(dropped.end(), defaulted.begin(), defaulted.end());
     st.stats.dropped += dropped.size();
+    for (const auto& ev : dropped) ++st.settled_counts[{ev.object_id, ev.type}];
   }
   st.record(label, "destroy_begin", {{"object_id", id}, {"dropped", dropped.size()}});
   for (const auto& ev : dropped) {
@@ -429,7 +436,11 @@ void AsyncDispatcher::destroy_object(const Object& obj,
 bool AsyncDispatcher::wait_event(uint64_t object_id, AsyncEventType type, TimeNs deadline_ns,
                                  size_t min_count) {
   return runtime_.wait_until(
-      [this, object_id, type, min_count] { return count_events(object_id, type) >= min_count; },
+      [this, object_id, type, min_count] {
+        std::lock_guard lock(state_->mu);
+        auto it = state_->settled_counts.find({object_id, type});
+        return it != state_->settled_counts.end() && it->second >= min_count;
+      },
       deadline_ns);
 }
 

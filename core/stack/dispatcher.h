@@ -61,8 +61,10 @@ class AsyncDispatcher {
   void destroy_srq(Srq& srq, TimeNs deadline_ns);
   void destroy_cq(Cq& cq, TimeNs deadline_ns);
 
-  // True once at least min_count events of this type for the object were read (whether a
-  // handler ran yet or not); false at the deadline.
+  // True once at least min_count events of this type for the object were read and settled:
+  // the handler returned (or the event was dropped by a destroy or stop, or had no handler),
+  // so a caller may look at what its handler did; false at the deadline. On a real device
+  // handlers run on worker threads: "read" alone would race with them.
   bool wait_event(uint64_t object_id, AsyncEventType type, TimeNs deadline_ns,
                   size_t min_count = 1);
   size_t count_events(uint64_t object_id, AsyncEventType type) const;

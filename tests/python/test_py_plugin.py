@@ -59,7 +59,7 @@ def test_requires_skips_naming_the_missing_capability(pytester):
     """, "--lab", "model:ib,roce", "-rs")
     result.assert_outcomes(passed=2, skipped=4)
     out = result.stdout.str()
-    assert re.search(r"requires xrc: device \S+ \(personality roce\) has no XRC", out)
+    assert re.search(r"requires xrc: no XRC on roce \(device \S+ \(personality roce\)\)", out)
     assert re.search(r"requires transport=iWARP: device \S+ \(personality ib\) is IB", out)
     assert re.search(r"requires event=QP_FATAL: device \S+ \(personality roce\) does not raise "
                      r"QP_FATAL", out)

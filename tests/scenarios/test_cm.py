@@ -48,7 +48,7 @@ def test_connect_and_disconnect(lab):
                                  "TIMEWAIT_EXIT"]
         # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
         assert client.events[3].t_ns - t0 < ms(10) + lab.tolerance_ns
-    assert all(e.status == 0 for e in client.events + server.events)
+    assert all(e.status == 0 for e in [*client.events, *server.events])
     assert pair.client.qp.state == "ERR"
 
 

@@ -167,9 +167,13 @@ def test_drain_srq_attached_qp(lab):
     elif raises is False:
         assert not report.last_wqe_reached
         assert "LAST_WQE_REACHED" in report.detail
-    # The SRQ's unconsumed receives belong to the SRQ, not to the drained QP.
-    assert b.srq.outstanding == N // 2 - N // 4
-    assert_exactly_once(b, still_queued=b.srq.outstanding)
+    # The SRQ's unconsumed receives belong to the SRQ, not to the drained QP: the ledger has
+    # no outcome for exactly those. (The model also reports the SRQ's occupancy; libibverbs
+    # has no verb for it.)
+    still_queued = N // 2 - N // 4
+    if lab.backend == "model":
+        assert b.srq.outstanding == still_queued
+    assert_exactly_once(b, still_queued=still_queued)
 
 
 @pytest.mark.requires(transport="iWARP")
