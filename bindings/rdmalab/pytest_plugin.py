@@ -175,10 +175,10 @@ def pytest_configure(config):
         "event(s); skip naming what is missing otherwise")
     config.addinivalue_line(
         "markers",
-        "finding(devices, name, text): a known divergence of these devices (personalities, "
-        "e.g. \"rxe\") from what the scenario asserts: there the scenario must fail its "
-        "assertion and is reported as the finding (strict xfail); passing there fails the run "
-        "(the finding is gone: update it)")
+        "finding(devices, name, text, raises=AssertionError): a known divergence of these "
+        "devices (personalities, e.g. \"rxe\") from what the scenario asserts: there the "
+        "scenario must fail with `raises` and is reported as the finding (strict xfail); "
+        "passing there fails the run (the finding is gone: update it)")
     _VM_HOSTS[0] = config.getoption("vm_hosts")
     if _VM_HOSTS[0] < 1:
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
@@ -329,8 +329,8 @@ def pytest_collection_modifyitems(config, items):
         for mark in item.iter_markers("finding"):
             reason = finding_on(mark, spec)
             if reason:
-                item.add_marker(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                  reason=reason))
+                raises = mark.kwargs.get("raises", AssertionError)
+                item.add_marker(pytest.mark.xfail(strict=True, raises=raises, reason=reason))
 
 
 def finding_on(mark, spec) -> Optional[str]:

@@ -219,8 +219,9 @@ def drain(lab, qp: Qp, traffic: Traffic, send_cq: Cq, recv_cq: Optional[Cq] = No
     recv_cq = send_cq if recv_cq is None else recv_cq
     d = None if dispatcher is None else dispatcher._o
     deadline = lab.now_ns + timeout_ns
+    err_post = qp.ctx._o.caps.err_post  # the provider's answer to a post in ERR
     return _run(_core.drain_qp, lab._o, unwrap(qp), traffic._o, unwrap(send_cq), unwrap(recv_cq),
-                deadline, d, unwrap(srq))
+                deadline, d, unwrap(srq), err_post)
 
 
 def outcome_name(value) -> str:

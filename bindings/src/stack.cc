@@ -212,11 +212,13 @@ void bind_drain(py::module_& m) {
   m.def(
       "drain_qp",
       [](Lab& lab, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq, TimeNs deadline_ns,
-         AsyncDispatcher* dispatcher, Srq* srq) {
-        return drain_qp(lab.runtime(), qp, traffic, send_cq, recv_cq, deadline_ns, dispatcher, srq);
+         AsyncDispatcher* dispatcher, Srq* srq, ErrPostPolicy err_post) {
+        return drain_qp(lab.runtime(), qp, traffic, send_cq, recv_cq, deadline_ns, dispatcher, srq,
+                        err_post);
       },
       arg("lab"), arg("qp"), arg("traffic"), arg("send_cq"), arg("recv_cq"), arg("deadline_ns"),
-      arg("dispatcher") = nullptr, arg("srq") = nullptr, kRelease);
+      arg("dispatcher") = nullptr, arg("srq") = nullptr, arg("err_post") = ErrPostPolicy::kFlush,
+      kRelease);
 }
 
 }  // namespace

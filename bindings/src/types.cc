@@ -20,7 +20,7 @@ void bind_enums(py::module_& m) {
   bind_enum<AsyncEventType>(m, "AsyncEventType", static_cast<int>(AsyncEventType::GID_CHANGE) + 1);
   bind_enum<ObjectKind>(m, "ObjectKind", static_cast<int>(ObjectKind::MR) + 1);
   bind_enum<XrcTgtLifetime>(m, "XrcTgtLifetime", 3);
-  bind_enum<ErrPostPolicy>(m, "ErrPostPolicy", 3);
+  bind_enum<ErrPostPolicy>(m, "ErrPostPolicy", 4);
   py::enum_<PortState>(m, "PortState")
       .value("DOWN", PortState::DOWN)
       .value("INIT", PortState::INIT)

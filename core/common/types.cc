@@ -52,7 +52,7 @@ constexpr std::string_view kCmEvent[] = {
     "REJECTED",        "ESTABLISHED",      "DISCONNECTED",   "DEVICE_REMOVAL",
     "MULTICAST_JOIN",  "MULTICAST_ERROR",  "ADDR_CHANGE",    "TIMEWAIT_EXIT"};
 constexpr std::string_view kXrcLifetime[] = {"handle", "xrcd", "unknown"};
-constexpr std::string_view kErrPost[] = {"flush", "refuse", "flush_at_once"};
+constexpr std::string_view kErrPost[] = {"flush", "refuse", "flush_at_once", "strand"};
 
 template <typename E, size_t N>
 std::string_view name_of(const std::string_view (&names)[N], E v) {

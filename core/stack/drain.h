@@ -35,7 +35,10 @@ struct DrainReport {
 // the QP receives from, if any (the API cannot query it); its QP_LAST_WQE_REACHED is awaited
 // through the dispatcher. Never waits past deadline_ns: an unfinished drain returns
 // complete = false. The caller stops other posters to this QP, as ib_drain_qp requires.
+// err_post: what the QP's provider does with a post in ERR (DeviceCaps::err_post); kStrand
+// and kRefuse mean no markers: the drain counts the flushes of what is outstanding.
 DrainReport drain_qp(Runtime& runtime, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq,
-                     TimeNs deadline_ns, AsyncDispatcher* dispatcher = nullptr, Srq* srq = nullptr);
+                     TimeNs deadline_ns, AsyncDispatcher* dispatcher = nullptr, Srq* srq = nullptr,
+                     ErrPostPolicy err_post = ErrPostPolicy::kFlush);
 
 }  // namespace rdmalab::stack

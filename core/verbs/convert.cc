@@ -367,7 +367,8 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   // flush posts to an ERR QP; user-space iWARP (libcxgb4) refuses them. Scenarios that depend
   // on it must probe, not trust this.
   c.err_post = c.transport == Transport::iWARP ? ErrPostPolicy::kRefuse : ErrPostPolicy::kFlush;
-  if (f.driver == "siw") c.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send
+  // User-space siw (this backend's QPs): the kernel flushes only WRs posted through it.
+  if (f.driver == "siw") c.err_post = ErrPostPolicy::kStrand;
   c.xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
   c.retry_cnt_7_infinite = f.driver == "rxe";
   c.raises = documented_events(f.driver);

@@ -239,7 +239,7 @@ TEST(Convert, CapsFromDeviceAttr) {
   EXPECT_EQ(s.transport, Transport::iWARP);
   EXPECT_FALSE(s.xrc);
   EXPECT_FALSE(s.ud);
-  EXPECT_EQ(s.err_post, ErrPostPolicy::kFlushAtOnce);  // siw_post_send in ERROR
+  EXPECT_EQ(s.err_post, ErrPostPolicy::kStrand);  // user-mapped SQ: nothing flushes a late WR
   EXPECT_FALSE(s.retry_cnt_7_infinite);
   EXPECT_TRUE(s.raises_event(AsyncEventType::QP_FATAL));
 

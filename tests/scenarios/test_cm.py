@@ -5,7 +5,7 @@ time bound computed from the kernel's formulas (rdmalab.cm_timing)."""
 
 import pytest
 
-from rdmalab import checks, ms, sec
+from rdmalab import Error, checks, ms, sec
 from rdmalab.cm_timing import IbCmTiming
 from rdmalab.resources import CmPair
 
@@ -20,6 +20,10 @@ def is_iwarp(lab):
     return lab.host("a").caps().transport == "iWARP"
 
 
+@pytest.mark.finding(
+    "siw", "siw-query-qp-reports-no-state",
+    "siw_query_qp never fills qp_attr->qp_state (siw_verbs.c, Linux 6.1): ibv_query_qp "
+    "reports RESET whatever the QP's state")
 def test_connect_and_disconnect(lab):
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn
@@ -112,6 +116,11 @@ def test_rebooted_peer_reconnects_with_the_same_qpn(lab):
     assert again.qp.qp_num != old_qpn
 
 
+@pytest.mark.finding(
+    "siw", "siw-connect-is-synchronous",
+    "siw_connect connects its TCP socket inside rdma_connect (siw_cm.c kernel_bindconnect, "
+    "flags 0, Linux 6.1): a refused connection fails rdma_connect with ECONNREFUSED instead "
+    "of a REJECTED event", raises=Error)
 def test_connect_to_a_port_with_no_listener(lab):
     ch = lab.host("a").process("client").event_channel()
     conn = ch.connect("b", 9999)
@@ -153,6 +162,9 @@ def test_lost_rtu_is_recovered(lab):
 def test_iwarp_destroy_with_events_still_queued(lab):
     """Seed 001: an iWARP id destroyed while its events wait in the iw_cm work list: destroy
     returns, the queued events are dropped, none reaches the user afterwards, no deadlock."""
+    if lab.backend != "model":
+        pytest.skip("needs the FIN seen on the wire before the destroy: the VM lab's switch "
+                    "does not parse TCP yet (fault switch)")
     pair = CmPair(lab)
     server = pair.server.conn
     pair.client.conn.disconnect()

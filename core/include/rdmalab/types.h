@@ -122,7 +122,11 @@ enum class XrcTgtLifetime { kHandle, kXrcd, kUnknown };
 enum class ErrPostPolicy {
   kFlush,        // accepted, completed with WR_FLUSH_ERR (IB, mlx5, rxe, kernel siw)
   kRefuse,       // the post fails with EINVAL (user-space libcxgb4)
-  kFlushAtOnce,  // completed at once as a flush (siw)
+  kFlushAtOnce,  // completed at once as a flush (kernel siw QPs: siw_post_send in ERROR)
+  // Accepted but never processed nor flushed: libsiw writes the WR into the user-mapped SQ and
+  // rings a doorbell carrying no WR, and siw_post_send flushes only WRs it is given; libsiw's
+  // post_recv is refused (EAGAIN). Seen on siw in the VM lab, Linux 6.1.
+  kStrand,
 };
 
 struct Gid {
