@@ -49,6 +49,7 @@ class DeviceCaps:
     err_post: str
     xrc_tgt_lifetime: str
     retry_cnt_7_infinite: bool
+    reports_qp_state: bool
     local_ca_ack_delay: int
     raises: tuple[str, ...]
 

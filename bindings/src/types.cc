@@ -87,6 +87,7 @@ void bind_device_structs(py::module_& m) {
       .def_readwrite("err_post", &DeviceCaps::err_post)
       .def_readwrite("xrc_tgt_lifetime", &DeviceCaps::xrc_tgt_lifetime)
       .def_readwrite("retry_cnt_7_infinite", &DeviceCaps::retry_cnt_7_infinite)
+      .def_readwrite("reports_qp_state", &DeviceCaps::reports_qp_state)
       .def_readwrite("local_ca_ack_delay", &DeviceCaps::local_ca_ack_delay)
       .def_readwrite("raises", &DeviceCaps::raises)
       .def("raises_event", &DeviceCaps::raises_event, py::arg("type"));

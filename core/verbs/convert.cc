@@ -371,6 +371,7 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   if (f.driver == "siw") c.err_post = ErrPostPolicy::kStrand;
   c.xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
   c.retry_cnt_7_infinite = f.driver == "rxe";
+  c.reports_qp_state = f.driver != "siw";  // siw_verbs.c siw_query_qp, Linux 6.1
   c.raises = documented_events(f.driver);
   return c;
 }

@@ -80,3 +80,51 @@ def test_same_seed_twice_gives_identical_history_files(tmp_path):
     assert len(first) >= 10
     assert first == second
     assert histories(8, "third") != first
+
+
+def test_table_reports_a_reproduced_finding_and_fails_a_gone_one(tmp_path):
+    """A strict xfail from @finding is a 'finding' cell with its text; an XPASS(strict) (the
+    device no longer diverges) is a failure."""
+    junit = tmp_path / "junit.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase classname="tests.scenarios.test_x" name="test_a[vm-rxe]">
+            <properties><property name="backend" value="vm"/>
+              <property name="personality" value="rxe"/></properties>
+            <skipped type="pytest.xfail" message="finding f1 on rxe (rxe0): it diverges"/>
+          </testcase>
+          <testcase classname="tests.scenarios.test_x" name="test_b[vm-rxe]">
+            <properties><property name="backend" value="vm"/>
+              <property name="personality" value="rxe"/></properties>
+            <failure message="[XPASS(strict)] finding f2 on rxe (rxe0): gone"/>
+          </testcase>
+        </testsuite></testsuites>"""))
+    results = report.read_junit(str(junit))
+    assert [r.outcome for r in results] == ["finding", "failed"]
+    table = report.format_table(results)
+    assert "finding f1 on rxe (rxe0): it diverges" in table
+    assert report.failed(results)
+
+
+def test_finding_marker_applies_to_its_device_only():
+    import pytest
+
+    from rdmalab.pytest_plugin import finding_on
+
+    class Caps:
+        personality, name = "siw", "siw0"
+
+    class Spec:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def caps(self):
+            return Caps()
+
+    mark = pytest.mark.finding("siw", "f", "text").mark
+    assert finding_on(mark, Spec("vm")) == "finding f on siw (siw0): text"
+    assert finding_on(mark, Spec("model")) is None     # the model predicts the spec
+    other = pytest.mark.finding("rxe", "f", "text").mark
+    assert finding_on(other, Spec("vm")) is None
+    with pytest.raises(pytest.UsageError):
+        finding_on(pytest.mark.finding("siw").mark, Spec("vm"))

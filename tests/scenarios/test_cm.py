@@ -20,10 +20,6 @@ def is_iwarp(lab):
     return lab.host("a").caps().transport == "iWARP"
 
 
-@pytest.mark.finding(
-    "siw", "siw-query-qp-reports-no-state",
-    "siw_query_qp never fills qp_attr->qp_state (siw_verbs.c, Linux 6.1): ibv_query_qp "
-    "reports RESET whatever the QP's state")
 def test_connect_and_disconnect(lab):
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn
@@ -53,7 +49,8 @@ def test_connect_and_disconnect(lab):
         # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
         assert client.events[3].t_ns - t0 < ms(10) + lab.tolerance_ns
     assert all(e.status == 0 for e in [*client.events, *server.events])
-    assert pair.client.qp.state == "ERR"
+    if lab.host("a").caps().reports_qp_state:  # siw does not (test_qp_state)
+        assert pair.client.qp.state == "ERR"
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
@@ -131,7 +128,8 @@ def test_connect_to_a_port_with_no_listener(lab):
         assert ev.status_name == "INVALID_SERVICE_ID"  # REJ reason 8
     lab.run_for(sec(5))
     assert "TIMEWAIT_EXIT" not in names(conn)        # no TIMEWAIT after REJECTED
-    assert conn.qp.state == "ERR"                    # librdmacm moves the QP to ERR on REJECTED
+    if lab.host("a").caps().reports_qp_state:       # siw does not (test_qp_state)
+        assert conn.qp.state == "ERR"                # librdmacm moves the QP to ERR on REJECTED
 
 
 @pytest.mark.requires(transport=IB_FAMILY)

@@ -158,6 +158,8 @@ struct DeviceCaps {
   // retry_cnt 7 treated as infinite (rxe, rxe_comp.c); the IB spec makes 7 infinite only for
   // rnr_retry.
   bool retry_cnt_7_infinite = false;
+  // ibv_query_qp reports the QP's state (siw_query_qp never fills it: always RESET).
+  bool reports_qp_state = true;
   // ibv_device_attr.local_ca_ack_delay: the IB CM puts it in REQ/REP and derives the local ACK
   // timeout and the TIMEWAIT time from it (cm.c cm_ack_timeout).
   uint8_t local_ca_ack_delay = 16;
