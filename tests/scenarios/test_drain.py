@@ -179,6 +179,11 @@ def test_drain_srq_attached_qp(lab):
 
 
 @pytest.mark.requires(transport="iWARP")
+@pytest.mark.finding(
+    "siw", "siw-closing-to-error-strands-queued-sends",
+    "CLOSING -> ERROR flushes the SQ only when a WQE is in progress (siw_qp.c "
+    "siw_qp_nextstate_from_close, Linux 6.1): the SENDs queued behind it never complete, so "
+    "no drain can finish")
 def test_iwarp_closing_with_outstanding_sends_goes_to_error(lab):
     """iWARP SQD is RDMAC CLOSING: the SQ must be quiesced first; with SQ WRs outstanding
     the QP goes to ERROR, and no WR may be posted in CLOSING (seed 000)."""
