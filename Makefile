@@ -5,19 +5,21 @@ PYTHON     ?= /usr/bin/python3
 JOBS       ?= 2
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 LAB        ?= model
 OUT        ?= out
 
 DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
         libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev \
-        prometheus prometheus-pushgateway python3-yaml python3-rpyc
+        prometheus prometheus-pushgateway python3-yaml python3-rpyc nftables clang libclang-rt-14-dev
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
-        vmlab-deps vmlab test-vm
+        vmlab-deps vmlab test-vm fuzz
 
 all: build
 
@@ -64,6 +66,17 @@ build-asan: deps
 	  -DRDMALAB_SANITIZE=ON -DRDMALAB_PYTHON=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
+# The switch's frame parser, rule matcher and corrupter under libFuzzer + ASan/UBSan (clang),
+# for FUZZ_SECONDS on a seed corpus of real and built frames; a crash fails the target and
+# leaves crash-* in $(FUZZ_BUILD).
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRDMALAB_FUZZ=ON -DRDMALAB_PYTHON=OFF
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target rdmalab_fuzz_frame rdmalab_fuzz_corpus
+	$(FUZZ_BUILD)/faults/rdmalab_fuzz_corpus $(FUZZ_BUILD)/corpus
+	cd $(FUZZ_BUILD) && ./faults/rdmalab_fuzz_frame -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	  -print_final_stats=1 corpus
+
 test-cpp: build
 	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
 
@@ -103,4 +116,4 @@ tidy: build
 	clang-tidy -p $(BUILD) --quiet $$(git ls-files 'core/*.cc' 'bindings/*.cc' | grep -v _test.cc)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(OUT) bindings/rdmalab/_core*.so
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(OUT) bindings/rdmalab/_core*.so

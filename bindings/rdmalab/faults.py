@@ -5,6 +5,7 @@ Wire faults are rules: each matches packets (a predicate and/or fields) and acts
 `count` of them; the first matching rule decides. Examples:
 
     lab.faults.drop(cm="DREP")                             # lose every DREP
+    dreqs = lab.faults.watch(cm="DREQ"); ...; dreqs.hits    # count without touching
     lab.faults.drop(opcode="ACKNOWLEDGE", src_host="b", count=3)
     lab.faults.delay(lambda p: p.dest_qpn == qpn, delay_ns=ms(5))
     lab.faults.on_verb(lambda call: ..., verb="ibv_destroy_qp")   # timing faults
@@ -44,6 +45,7 @@ class PacketRule:
         self.action = parse(_core.PacketAction, action, "packet action")
         self.match, self.fields, self.count, self.delay_ns = match, fields, count, delay_ns
         self.hits = 0  # packets this rule acted on
+        self.observe = False  # a watch rule: counts, never decides
 
     def matches(self, p: _core.Packet) -> bool:
         if self.count is not None and self.hits >= self.count:
@@ -81,6 +83,13 @@ class Faults:
     def duplicate(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
                   **fields) -> PacketRule:
         return self._add(PacketRule("DUPLICATE", match, fields, count))
+
+    def watch(self, match: Optional[Callable] = None, **fields) -> PacketRule:
+        """Counts matching packets (rule.hits) and lets them pass; never decides a packet, so
+        the rules after it still apply."""
+        rule = PacketRule("DELIVER", match, fields, None)
+        rule.observe = True
+        return self._add(rule)
 
     def remove(self, rule: PacketRule) -> None:
         self._rules.remove(rule)
@@ -159,6 +168,9 @@ class Faults:
         def hook(packet):
             for rule in rules:
                 if rule.matches(packet):
+                    if rule.observe:  # watch: count and go on
+                        rule.hits += 1
+                        continue
                     return rule.verdict()
             return None  # DELIVER
 

@@ -223,6 +223,12 @@ class Lab:
         self._faults.clear()
         self._o.shutdown()
 
+    def fresh_hosts(self, *names: str) -> None:
+        """Makes these hosts as if just booted (first QPN next, no state). A model lab's hosts
+        always are; a VM lab reboots the VMs that earlier labs used."""
+        for name in names:
+            self.host(name)  # KeyError for a host the lab does not have
+
     def _add_closer(self, fn: Callable[[], None]) -> None:
         """fn runs at shutdown, before the engine stops (event pumps stop their threads)."""
         self._closers.append(fn)

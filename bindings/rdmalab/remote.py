@@ -279,6 +279,12 @@ class Agent:
             self.conn.close()
         except Exception:
             pass
+        # A gateway whose peer was killed may not answer: exit it on the side, bounded.
+        t = threading.Thread(target=self._exit_gateway, daemon=True)
+        t.start()
+        t.join(5.0)
+
+    def _exit_gateway(self) -> None:
         try:
             self.gateway.exit()
         except Exception:

@@ -65,6 +65,7 @@ class VmPool:
         self.rdma, self.n = rdma, n
         self.vmlab = vm_mod.Lab(n, rdma=rdma)
         self.agents: list[Agent] = []
+        self.used: dict[str, int] = {}  # VM name -> labs run on it since its last boot
         self.boot_s = 0.0
         t0 = time.monotonic()
         try:
@@ -83,6 +84,12 @@ class VmPool:
                                  f"//python=/usr/bin/python3")
         return Agent.start(gw, vm.spec.name)
 
+    def replace_agent(self, old: Agent, vm) -> Agent:
+        """A fresh agent on vm (after a reboot) in old's place."""
+        new = self._start_agent(vm)
+        self.agents[self.agents.index(old)] = new
+        return new
+
     def heal(self) -> list[str]:
         """Reboots each VM whose agent is broken (a shutdown stuck in the kernel, a lost
         channel) and starts a fresh agent there; returns what was healed and why."""
@@ -94,6 +101,7 @@ class VmPool:
             healed.append(f"{vm.spec.name}: {agent.broken}")
             agent.close(deadline_s=5.0)
             vm.reboot()
+            self.used[vm.spec.name] = 0
             self.agents[i] = self._start_agent(vm)
         return healed
 
@@ -115,15 +123,108 @@ class VmPool:
         self.vmlab.close()
 
 
+class NftRule:
+    """A wire rule installed as nftables rules in the sending hosts' output hooks (rdmalab.nft):
+    `hits` is what their counters saw; `remove()` takes them out."""
+
+    def __init__(self, faults: "VmFaults", action: str, fields: dict, installed: dict):
+        self.action, self.fields = action, fields
+        self._faults, self._installed = faults, installed  # host -> nft handle
+
+    @property
+    def hits(self) -> int:
+        from . import nft
+        total = 0
+        for host, handle in self._installed.items():
+            out = self._faults._nft(host, f"nft -j list chain inet {nft.TABLE} {nft.CHAIN}")
+            total += nft.rule_packets(out, handle)
+        return total
+
+    def remove(self) -> None:
+        from . import nft
+        for host, handle in list(self._installed.items()):
+            self._faults._nft(host, f"nft delete rule inet {nft.TABLE} {nft.CHAIN} handle {handle}")
+            del self._installed[host]
+
+    def __repr__(self) -> str:
+        return f"<NftRule {self.action} {self.fields} on {sorted(self._installed)}>"
+
+
 class VmFaults(NoFaults):
-    """The faults the VM lab applies so far: link down/up of a host's data NIC (rxe and siw
-    raise PORT_ERR / PORT_ACTIVE from the netdev's carrier). Wire rules, reboots and process
-    kills come with the fault switch; until then they raise FaultNotSupported."""
+    """The faults the VM lab applies: link down/up of a host's data NIC (rxe and siw raise
+    PORT_ERR / PORT_ACTIVE from the netdev's carrier), and wire rules (drop, watch) as
+    nftables rules inside the sending guests, which rxe and siw traffic passes through. Rules
+    with a Python predicate or a packet count, delays and duplicates need the fault switch; they
+    raise FaultNotSupported, as do reboots and process kills for now."""
 
     def __init__(self, lab: "VmLab"):
         super().__init__(lab)
         self._counts: dict[str, int] = {}
         self._down: set[str] = set()
+        self._rules: list[NftRule] = []
+        self._nft_ready: set[str] = set()
+
+    # -- wire rules (nftables in the guests)
+    def _nft(self, host: str, cmd: str) -> str:
+        vm = self._lab.vm_of(host)
+        return vm.run(cmd, 30).check(f"{host}: {cmd}").out
+
+    def _wire_rule(self, fault: str, verdict: str, match, count, fields: dict) -> NftRule:
+        from . import nft
+        from .faults import CM_ATTR_ID
+        if match is not None:
+            raise FaultNotSupported(fault, "a Python predicate cannot run in the guest's "
+                                    "nftables: give the fields (cm=, opcode=, dest_qpn=, ...)")
+        if count is not None:
+            raise FaultNotSupported(fault, "nftables counts bytes, not packets: count= needs "
+                                    "the fault switch")
+        fields = dict(fields)
+        if "cm" in fields:
+            msg = fields.pop("cm")
+            if msg not in CM_ATTR_ID:
+                raise ValueError(f"unknown CM message {msg!r}; allowed: {', '.join(CM_ATTR_ID)}")
+            fields.update(opcode="MAD", mad_attr_id=CM_ATTR_ID[msg])
+        transport = "iwarp" if self._lab.pool.rdma == "siw" else "roce"
+        expr = nft.match_expr(fields, self._lab.addresses, transport, DATA_NETDEV)
+        src = fields.get("src_host")
+        hosts = [src] if src is not None else list(self._lab.addresses)
+        installed = {}
+        for host in hosts:
+            if host not in self._nft_ready:
+                self._nft(host, nft.setup_commands())
+                self._nft_ready.add(host)
+            out = self._nft(host, nft.add_rule_command(expr, verdict, f"rdmalab {fault}"))
+            handle = nft.parse_handle(out)
+            if handle is None:
+                raise RuntimeError(f"{host}: nft printed no rule handle: {out!r}")
+            installed[host] = handle
+        rule = NftRule(self, fault, fields, installed)
+        self._rules.append(rule)
+        self._lab.record("fault", object="nft", fault=fault, fields=fields, expr=expr,
+                         hosts=sorted(installed))
+        return rule
+
+    # -- hosts
+    def reboot(self, host, down_ns: int) -> None:
+        """SIGKILL the host's qemu (a crash: nothing is closed, nothing sent), wait down_ns,
+        boot it again on the same switch port, MAC and address, and start a fresh agent and
+        lab there. Returns once the host is back: its earlier objects are gone."""
+        name = host if isinstance(host, str) else host.name
+        self._lab.reboot_host(name, down_ns)
+        self._nft_ready.discard(name)  # the rebooted guest has no rules
+        self._rules = [r for r in self._rules if name not in r._installed]
+        self._counts["reboot"] = self._counts.get("reboot", 0) + 1
+
+    def drop(self, match=None, *, count=None, **fields) -> NftRule:
+        """Drops matching packets where they leave the sending host (all hosts unless
+        src_host=)."""
+        rule = self._wire_rule("drop", "drop", match, count, fields)
+        self._counts["drop"] = self._counts.get("drop", 0)  # hits are read from the counters
+        return rule
+
+    def watch(self, match=None, **fields) -> NftRule:
+        """Counts matching packets without touching them (rule.hits)."""
+        return self._wire_rule("watch", "accept", match, None, fields)
 
     def _ip_link(self, host, state: str) -> None:
         name = host if isinstance(host, str) else host.name
@@ -160,15 +261,25 @@ class VmFaults(NoFaults):
         self._ip_link(host, "up")
 
     def counts(self) -> dict[str, int]:
-        return dict(self._counts)
+        """Faults applied so far; "drop" is the packets the drop rules' counters saw."""
+        counts = {k: v for k, v in self._counts.items() if k != "drop"}
+        drops = sum(r.hits for r in self._rules if r.action == "drop")
+        if drops or "drop" in self._counts:
+            counts["drop"] = drops
+        return counts
 
     def clear(self) -> None:
+        from . import nft
         for name in list(self._down):  # the next lab on these VMs starts with links up
             self.port_up(name)
+        for host in list(self._nft_ready):  # and with no rules
+            self._nft(host, f"nft delete table inet {nft.TABLE}")
+        self._nft_ready.clear()
+        self._rules.clear()
 
     def _unsupported_reason(self, fault: str) -> str:
-        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet: wire, reboot "
-                "and process faults need the fault switch")
+        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet: delays, "
+                "duplicates and process kills need the fault switch")
 
 
 class VmLab:
@@ -194,8 +305,11 @@ class VmLab:
         self.addresses = {n: vm.spec.ip for n, vm in self._vms.items()}
         for name, agent in self._agents.items():
             agent.new_lab(seed, name, self.addresses)
+            vm_name = self._vms[name].spec.name
+            pool.used[vm_name] = pool.used.get(vm_name, 0) + 1  # labs since its boot
         self._faults = VmFaults(self)
         self._records: list[dict] = []
+        self._archived: list[dict] = []  # records of agents lost to a reboot
         self._lock = threading.Lock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
@@ -260,21 +374,61 @@ class VmLab:
         the lab's start), ordered by time; seq renumbered, each host's own seq kept as
         host_seq."""
         merged = []
-        for name, agent in self._agents.items():
-            if agent.lab is None:
-                continue
-            text = agent.lab._o.history_jsonl()
-            for line in text.splitlines():
-                r = json.loads(line)
-                r["host_seq"] = r.pop("seq")
-                r["t_ns"] -= self._t0  # the agent's clock is offset onto ours
-                merged.append(r)
+        for agent in self._agents.values():
+            merged += self._agent_records(agent)
         with self._lock:
+            merged += [dict(r) for r in self._archived]
             merged += [dict(r, host_seq=r["seq"]) for r in self._records]
         merged.sort(key=lambda r: (r["t_ns"], r["host"], r["host_seq"]))
         for i, r in enumerate(merged):
             r["seq"] = i
         return merged[since_seq:]
+
+    def _agent_records(self, agent: Agent) -> list[dict]:
+        if agent.lab is None:
+            return []
+        out = []
+        for line in agent.lab._o.history_jsonl().splitlines():
+            r = json.loads(line)
+            r["host_seq"] = r.pop("seq")
+            r["t_ns"] -= self._t0  # the agent's clock is offset onto ours
+            out.append(r)
+        return out
+
+    def fresh_hosts(self, *names: str) -> None:
+        """Reboots each of these hosts whose VM earlier labs used, so the host is as booted:
+        its next QP gets the first QPN again (rxe counts QPNs from 17 per boot)."""
+        for name in names:
+            if name not in self._agents:
+                raise KeyError(f"no host {name!r} in {self.description}")
+            if self.pool.used.get(self._vms[name].spec.name, 0) > 1:
+                self.reboot_host(name, 0)
+
+    def reboot_host(self, name: str, down_ns: int, boot_deadline_s: float = 180.0) -> None:
+        """The reboot fault (VmFaults.reboot): the history so far is kept, the VM killed,
+        booted again after down_ns, and a new agent and lab started there."""
+        agent, vm = self._agents[name], self._vms[name]
+        try:
+            archived = self._agent_records(agent)
+        except Exception as e:  # a dead agent: its records are lost, say so
+            archived = []
+            self.record("history_lost", object="host", host=name, error=str(e))
+        with self._lock:
+            self._archived += archived
+        self.record("fault", object="host", host=name, fault="reboot", down_ns=down_ns,
+                    vm=vm.spec.name)
+        vm.kill()
+        agent.broken = "its VM was killed by a reboot fault"
+        agent.lab = None
+        agent.close(deadline_s=5.0)
+        time.sleep(down_ns / 1e9)
+        vm.start()
+        boot_s = vm.wait_ready(boot_deadline_s)
+        new = self.pool.replace_agent(agent, vm)
+        new.new_lab(self.seed, name, self.addresses)
+        self.pool.used[vm.spec.name] = 1  # this lab, on a fresh boot
+        self._agents[name] = new
+        self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3))
 
     def write_history(self, path: Union[str, os.PathLike]) -> None:
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)

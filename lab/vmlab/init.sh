@@ -52,7 +52,8 @@ mount -t devtmpfs dev $R/dev
 mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
-mount -t tmpfs tmpfs $R/tmp
+# /tmp stays the overlay's (host content visible, writes in the tmpfs upper): a checkout under
+# the host's /tmp (CI, fresh-clone tests) must be visible at the same path in the guest.
 mount -t tmpfs tmpfs $R/run
 echo "$NAME" > /proc/sys/kernel/hostname
 # The host's ~/.bashrc (pyenv and the like) would run for every ssh command; the guest gets

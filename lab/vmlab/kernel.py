@@ -27,6 +27,9 @@ CACHE = pathlib.Path(os.environ.get("VMLAB_CACHE", REPO / ".cache" / "vmlab"))
 BASE_MODULES = ("virtio_pci", "virtio_net", "9pnet_virtio", "9p", "overlay")
 RDMA_MODULES = ("crc32_generic", "crc32c_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm",
                 "ib_umad")
+# In-guest wire faults (rdmalab.nft): nf_tables carries the payload, counter and cmp
+# expressions and the inet family in Debian's build.
+NFT_MODULES = ("nf_tables",)
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
              "siw_verbs.o")
 
@@ -228,5 +231,5 @@ def guest_modules(kernel: Kernel) -> list[tuple[str, pathlib.Path]]:
             raise KernelError(f"module {name} is not in {kernel.moddir}")
         return module_depends(index[name])
 
-    names = load_order(BASE_MODULES + RDMA_MODULES + ("siw",), depends)
+    names = load_order(BASE_MODULES + RDMA_MODULES + NFT_MODULES + ("siw",), depends)
     return [(n, index[n]) for n in names]

@@ -265,3 +265,17 @@ def test_close_destroys_requests_nobody_took(ib_lab):
     ib_lab.wait_until(lambda: listener.count("CONNECT_REQUEST") == 2, ms(10), what="2 requests")
     sch.close()  # would be EBUSY (rdma_destroy_event_channel) with the second id left
     assert len(sch.ids) == 3 and all(i.destroyed for i in sch.ids)
+
+
+def test_watch_counts_without_deciding(ib_lab):
+    """A watch rule counts the packets it matches and lets the rules after it decide: the
+    DREP is both counted and dropped."""
+    pair = CmPair(ib_lab)
+    seen = ib_lab.faults.watch(cm="DREP")
+    dropped = ib_lab.faults.drop(cm="DREP", count=1)
+    pair.client.conn.disconnect()
+    pair.server.conn.wait("DISCONNECTED", ms(100))
+    pair.server.conn.disconnect()          # the DREP goes out now
+    ib_lab.run_for(ms(50))
+    assert seen.hits == 1 and dropped.hits == 1
+    assert ib_lab.faults.counts().get("drop") == 1

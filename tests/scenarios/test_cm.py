@@ -3,6 +3,9 @@
 Every scenario asserts the event sequence of each id and, where the protocol has timers, the
 time bound computed from the kernel's formulas (rdmalab.cm_timing)."""
 
+import threading
+import time
+
 import pytest
 
 from rdmalab import Error, checks, ms, sec
@@ -53,7 +56,23 @@ def test_connect_and_disconnect(lab):
         assert pair.client.qp.state == "ERR"
 
 
+def sample_hits(rule, stop: threading.Event, out: list) -> None:
+    """On a device: when a watch rule's count changes, to ~50 ms (the model has exact times
+    in its history instead)."""
+    last = 0
+    while not stop.wait(0.05):
+        hits = rule.hits
+        if hits != last:
+            out.append((time.monotonic_ns(), hits))
+            last = hits
+
+
 @pytest.mark.requires(transport=IB_FAMILY)
+@pytest.mark.finding(
+    "rxe", "rxe-dreq-retry-every-6.4-s",
+    "16 DREQs go out ~6.4 s apart, not the 6144 ms of cm.c's formula (2 x 2^(18-8) + "
+    "2^(20-8) ms), so DISCONNECTED(ETIMEDOUT) comes 102.4 s after rdma_disconnect, not 98.3 s "
+    "(Linux 6.1, rxe in the VM lab; the extra ~256 ms per retry is not explained yet)")
 def test_every_drep_dropped(lab):
     """Seed 004: a DREQ that never gets its DREP is retried, then DREQ_ERROR: the disconnecting
     side sees DISCONNECTED(-ETIMEDOUT) after the retry budget, then TIMEWAIT_EXIT; the peer
@@ -62,26 +81,34 @@ def test_every_drep_dropped(lab):
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn
     lab.faults.drop(cm="DREP")
+    dreqs = lab.faults.watch(cm="DREQ", src_host="a")
 
+    sends, stop = [], threading.Event()
+    if lab.backend != "model":
+        threading.Thread(target=sample_hits, args=(dreqs, stop, sends), daemon=True).start()
     t0 = lab.now_ns
     client.disconnect()
     peer_ev = server.wait("DISCONNECTED", ms(100))
-    assert peer_ev.status == 0 and peer_ev.t_ns - t0 < ms(10)
+    assert peer_ev.status == 0 and peer_ev.t_ns - t0 < ms(10) + lab.tolerance_ns
     server.disconnect()                    # sends the DREP, which is lost
 
-    ev = client.wait("DISCONNECTED", timing.dreq_give_up_ns + sec(1))
+    # Generous waits, exact assertions after: a device that is late shows by how much.
+    ev = client.wait("DISCONNECTED", timing.dreq_give_up_ns + sec(10))
     assert ev.status_name == "ETIMEDOUT"
-    elapsed = ev.t_ns - t0
-    assert timing.dreq_give_up_ns - ms(10) <= elapsed <= timing.dreq_give_up_ns + ms(100), \
-        (elapsed, timing.dreq_give_up_ns)
-    exit_ev = client.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(100))
-    assert exit_ev.t_ns - ev.t_ns <= timing.timewait_ns + ms(10)
-
-    dreqs = [r for r in checks.records(lab.history(), "cm_send", host="a")
-             if r["data"].get("msg") == "DREQ"]
-    assert len(dreqs) == timing.max_cm_retries + 1
-    assert lab.faults.counts().get("drop", 0) >= 1
+    exit_ev = client.wait("TIMEWAIT_EXIT", timing.timewait_ns + sec(1))
+    stop.set()
     assert names(client)[-2:] == ["DISCONNECTED", "TIMEWAIT_EXIT"]
+    assert dreqs.hits == timing.max_cm_retries + 1
+    assert lab.faults.counts().get("drop", 0) >= 1
+    assert exit_ev.t_ns - ev.t_ns <= timing.timewait_ns + ms(10) + lab.tolerance_ns
+    elapsed = ev.t_ns - t0
+    gaps = [round((b[0] - a[0]) / 1e6) for a, b in zip(sends, sends[1:])]
+    slack = ms(100) + lab.tolerance_ns
+    assert timing.dreq_give_up_ns - ms(10) <= elapsed <= timing.dreq_give_up_ns + slack, \
+        f"DISCONNECTED(ETIMEDOUT) {elapsed / 1e9:.3f} s after rdma_disconnect; the kernel's " \
+        f"formula gives {timing.dreq_give_up_ns / 1e9:.3f} s; DREQ count changes ms apart " \
+        f"(~50 ms sampling): {gaps}; last DREQ seen {(ev.t_ns - sends[-1][0]) / 1e6:.0f} ms " \
+        f"before DISCONNECTED" if sends else "(no DREQ samples)"
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
@@ -90,6 +117,7 @@ def test_rebooted_peer_reconnects_with_the_same_qpn(lab):
     again. Its REQ looks like the stale connection the server still holds: REJECTED(10), and
     the server's old id sends a DREQ that the rebooted host answers with a DREP for an unknown
     connection: DISCONNECTED(0) on the survivor. The retry connects."""
+    lab.fresh_hosts("a")                   # a's first QP is the one the reboot gives again
     pair = CmPair(lab)
     old_qpn = pair.client.qp.qp_num
     survivor = pair.server.conn

@@ -98,7 +98,7 @@ def test_drain_with_the_wire_cut(lab):
     warm_up(pair)
     a = pair.a
     try:
-        lab.faults.drop(lambda p: p.src_host == "a")
+        lab.faults.drop(src_host="a")
     except FaultNotSupported as e:
         pytest.skip(f"needs a wire fault: {e}")
     for _ in range(N // 4):

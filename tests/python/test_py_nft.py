@@ -1,0 +1,75 @@
+"""Wire rules as nftables rules in the guests (rdmalab.nft): the match expressions for the
+rule language's fields, checked by nft itself (`nft -c`, no kernel table touched)."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from rdmalab import FaultNotSupported, nft
+
+HOSTS = {"a": "10.0.0.1", "b": "10.0.0.2"}
+
+
+def nft_accepts(expr: str) -> None:
+    if shutil.which("nft") is None:
+        pytest.skip("nft is not installed (Debian package nftables)")
+    ruleset = (f"table inet {nft.TABLE} {{\n chain {nft.CHAIN} {{\n"
+               " type filter hook output priority 0 ; policy accept ;\n"
+               f" {expr} counter drop comment \"t\"\n }}\n}}\n")
+    r = subprocess.run(["nft", "-c", "-f", "-"], input=ruleset, text=True,
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, f"nft refused {expr!r}: {r.stderr}"
+
+
+def test_drep_is_a_ud_mad_to_qp1_with_attribute_0x16():
+    expr = nft.match_expr({"opcode": "MAD", "mad_attr_id": 0x16}, HOSTS)
+    # BTH opcode at UDP payload byte 0, dest QPN at 5..7, MAD attribute at 12 + 8 + 16 = 36.
+    assert "udp dport 4791" in expr
+    assert "@th,64,8 0x64" in expr and "@th,104,24 1" in expr and "@th,352,16 0x0016" in expr
+    nft_accepts(expr)
+
+
+def test_rc_opcode_qpn_psn_and_destination():
+    expr = nft.match_expr({"opcode": "SEND_ONLY", "dest_qpn": 0x12, "psn": 7,
+                           "dst_host": "b", "src_host": "a"}, HOSTS)
+    assert "ip daddr 10.0.0.2" in expr and "@th,64,8 0x04" in expr
+    assert "@th,104,24 0x12" in expr and "@th,136,24 0x7" in expr
+    nft_accepts(expr)
+
+
+def test_tcp_flags_for_iwarp():
+    expr = nft.match_expr({"tcp_flags": "FIN|ACK"}, HOSTS)
+    assert expr == "meta l4proto tcp tcp flags & (fin|ack) == fin|ack"
+    nft_accepts(expr)
+
+
+def test_iwarp_rules_match_tcp_on_the_data_nic_only():
+    expr = nft.match_expr({"src_host": "a"}, HOSTS, "iwarp", "eth0")
+    assert expr == 'oifname "eth0" meta l4proto tcp'
+    nft_accepts(expr)
+    with pytest.raises(FaultNotSupported, match="RoCEv2 fields"):
+        nft.match_expr({"opcode": "SEND_ONLY"}, HOSTS, "iwarp")
+    roce = nft.match_expr({"src_host": "a"}, HOSTS, "roce", "eth0")
+    assert roce == 'oifname "eth0" udp dport 4791'
+    nft_accepts(roce)
+
+
+def test_bad_fields_are_clear_errors():
+    with pytest.raises(ValueError, match="opcode 'SEND_SOMETIMES'"):
+        nft.match_expr({"opcode": "SEND_SOMETIMES"}, HOSTS)
+    with pytest.raises(ValueError, match="dst_host 'c'"):
+        nft.match_expr({"dst_host": "c"}, HOSTS)
+    with pytest.raises(ValueError, match="tcp_flags"):
+        nft.match_expr({"tcp_flags": "FIN|NOPE"}, HOSTS)
+    with pytest.raises(FaultNotSupported, match="syndrome"):
+        nft.match_expr({"opcode": "ACKNOWLEDGE", "syndrome": "RNR_NAK"}, HOSTS)
+
+
+def test_handle_and_counter_parsing():
+    assert nft.parse_handle("add rule inet rdmalab out udp dport 4791 counter drop # handle 7") == 7
+    assert nft.parse_handle("nothing") is None
+    listing = ('{"nftables": [{"metainfo": {}}, {"rule": {"handle": 7, "expr": '
+               '[{"match": {}}, {"counter": {"packets": 17, "bytes": 1000}}, {"drop": null}]}}]}')
+    assert nft.rule_packets(listing, 7) == 17
+    assert nft.rule_packets(listing, 8) == 0
