@@ -19,7 +19,7 @@ export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
-        vmlab-deps vmlab test-vm fuzz
+        vmlab-deps vmlab test-vm fuzz test-fuzz
 
 all: build
 
@@ -86,7 +86,13 @@ test-asan: build-asan
 test-python: build
 	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
 
-test: test-cpp test-asan test-python test-vm
+test: test-cpp test-asan test-python test-fuzz test-vm
+
+# The switch's fuzz target, bounded, as part of `test` (make fuzz for a longer run).
+TEST_FUZZ_SECONDS ?= 30
+
+test-fuzz:
+	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
 # The scenario suite: the model's prediction (roce) beside soft-RoCE in the VM lab (rxe); where
 # qemu cannot run, the CLI says so and runs the model alone.

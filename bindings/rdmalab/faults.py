@@ -91,6 +91,13 @@ class Faults:
         rule.observe = True
         return self._add(rule)
 
+    def corrupt(self, match: Optional[Callable] = None, **kw) -> PacketRule:
+        raise FaultNotSupported("corrupt", "the model's fabric carries packets, not bytes: it "
+                                "cannot corrupt a header (inject_async_event models the effect)")
+
+    def reorder(self, match: Optional[Callable] = None, **kw) -> PacketRule:
+        raise FaultNotSupported("reorder", "the model's fabric has no reorder action yet")
+
     def remove(self, rule: PacketRule) -> None:
         self._rules.remove(rule)
         self._install_packet_hook()

@@ -108,7 +108,7 @@ class RCPair:
         if not connect or params is not None or kw.pop("srq", False):
             raise FaultNotSupported("RCPair", "on a real iWARP device RCPair connects through "
                                     "rdma_cm: no connect=False, params= or srq= there yet")
-        cm_kw = {k: kw.pop(k) for k in ("cqe", "max_send_wr", "max_recv_wr") if k in kw}
+        cm_kw = {k: kw.pop(k) for k in ("cqe", "max_send_wr", "max_recv_wr", "port") if k in kw}
         mr_size = kw.pop("mr_size", 4096)
         kw.pop("process_a", None), kw.pop("process_b", None)
         if kw:

@@ -150,6 +150,31 @@ class NftRule:
         return f"<NftRule {self.action} {self.fields} on {sorted(self._installed)}>"
 
 
+class SwitchRule:
+    """A wire rule in the lab's fault switch: `hits` is the frames it acted on (a watch rule:
+    the frames it counted); `remove()` takes it out."""
+
+    def __init__(self, faults: "VmFaults", action: str, rule: dict, rule_id: int):
+        self.action, self.rule, self.id = action, rule, rule_id
+        self._faults = faults
+
+    @property
+    def hits(self) -> int:
+        for r in self._faults._switch().request("rules")["rules"]:
+            if r["id"] == self.id:
+                return int(r["acted"])
+        return self._final_hits
+
+    _final_hits = 0
+
+    def remove(self) -> None:
+        self._final_hits = self.hits
+        self._faults._switch().request("remove_rule", id=self.id)
+
+    def __repr__(self) -> str:
+        return f"<SwitchRule {self.id} {self.rule}>"
+
+
 class VmFaults(NoFaults):
     """The faults the VM lab applies: link down/up of a host's data NIC (rxe and siw raise
     PORT_ERR / PORT_ACTIVE from the netdev's carrier), and wire rules (drop, watch) as
@@ -163,6 +188,10 @@ class VmFaults(NoFaults):
         self._down: set[str] = set()
         self._rules: list[NftRule] = []
         self._nft_ready: set[str] = set()
+        self._control = None  # SwitchControl, connected at the first switch rule
+        self._switch_rules: list[SwitchRule] = []
+        self._switch_records: list[dict] = []
+        self._since = 0  # the switch's history seq at this lab's first rule
 
     # -- wire rules (nftables in the guests)
     def _nft(self, host: str, cmd: str) -> str:
@@ -215,16 +244,93 @@ class VmFaults(NoFaults):
         self._rules = [r for r in self._rules if name not in r._installed]
         self._counts["reboot"] = self._counts.get("reboot", 0) + 1
 
-    def drop(self, match=None, *, count=None, **fields) -> NftRule:
-        """Drops matching packets where they leave the sending host (all hosts unless
-        src_host=)."""
-        rule = self._wire_rule("drop", "drop", match, count, fields)
-        self._counts["drop"] = self._counts.get("drop", 0)  # hits are read from the counters
-        return rule
+    # -- wire rules in the fault switch
+    def _switch(self):
+        from .fabric import SwitchControl
+        if self._control is None:
+            path = self._lab.pool.vmlab.switch_control
+            if path is None:
+                raise FaultNotSupported("switch", "the VM lab runs the Python learning switch "
+                                        "(build/faults/rdmalab-switch is not built): no rules")
+            self._control = SwitchControl(path)
+            since = 0  # the end of what earlier labs left in the switch's history
+            while True:
+                page = self._control.request("history", since=since)
+                if not page["records"]:
+                    break
+                since = page["last_seq"]
+            self._since = since
+            self._control.request("hosts", hosts={
+                n: {"mac": vm.spec.data_mac, "ip": vm.spec.ip}
+                for n, vm in ((n, self._lab.vm_of(n)) for n in self._lab.addresses)})
+        return self._control
 
-    def watch(self, match=None, **fields) -> NftRule:
+    def _switch_rule(self, action: str, match, fields: dict, **params) -> SwitchRule:
+        if match is not None:
+            raise FaultNotSupported(action, "a Python predicate cannot run in the switch: give "
+                                    "the fields (cm=, opcode=, dest_qpn=, tcp_flags=, ...)")
+        rule = {"action": action, **{k: v for k, v in fields.items() if v is not None},
+                **{k: v for k, v in params.items() if v is not None}}
+        rid = self._switch().request("add_rule", rule=rule)["id"]
+        handle = SwitchRule(self, action, rule, rid)
+        self._switch_rules.append(handle)
+        self._lab.record("fault", object="switch", fault=action, rule=rule, id=rid)
+        return handle
+
+    def _where(self, at: Optional[str]) -> str:
+        if at is None:
+            return "switch" if self._lab.pool.vmlab.switch_control is not None else "host"
+        if at not in ("switch", "host"):
+            raise ValueError(f"at={at!r}: 'switch' (the fault switch) or 'host' (nftables in "
+                             "the sending guest)")
+        return at
+
+    def drop(self, match=None, *, count=None, every=None, probability=None,
+             at: Optional[str] = None, **fields):
+        """Drops matching packets: in the fault switch (default), or with at="host" where they
+        leave the sending guest (nftables; all hosts unless src_host=)."""
+        if self._where(at) == "host":
+            if every is not None or probability is not None:
+                raise FaultNotSupported("drop", "nftables counts bytes: every=/probability= "
+                                        "need the fault switch")
+            rule = self._wire_rule("drop", "drop", match, count, fields)
+            self._counts["drop"] = self._counts.get("drop", 0)  # read from the counters
+            return rule
+        return self._switch_rule("drop", match, fields, count=count, every=every,
+                                 probability=probability)
+
+    def watch(self, match=None, *, at: Optional[str] = None, **fields):
         """Counts matching packets without touching them (rule.hits)."""
-        return self._wire_rule("watch", "accept", match, None, fields)
+        if self._where(at) == "host":
+            return self._wire_rule("watch", "accept", match, None, fields)
+        return self._switch_rule("watch", match, fields)
+
+    def delay(self, match=None, *, delay_ns: int, count=None, every=None, probability=None,
+              **fields) -> SwitchRule:
+        return self._switch_rule("delay", match, fields, delay_ns=delay_ns, count=count,
+                                 every=every, probability=probability)
+
+    def duplicate(self, match=None, *, count=None, every=None, probability=None,
+                  **fields) -> SwitchRule:
+        return self._switch_rule("duplicate", match, fields, count=count, every=every,
+                                 probability=probability)
+
+    def reorder(self, match=None, *, hold_ns=None, count=None, **fields) -> SwitchRule:
+        return self._switch_rule("reorder", match, fields, hold_ns=hold_ns, count=count)
+
+    def corrupt(self, match=None, *, layer: str, offset: int, xor: int = 0xFF, count=None,
+                **fields) -> SwitchRule:
+        """Flips bits at `offset` of `layer` ("bth", "mpa", "ddp", ...) and recomputes the
+        checksums checked before that layer (IPv4, UDP/TCP, ICRC, MPA CRC), so the corruption
+        reaches it."""
+        return self._switch_rule("corrupt", match, fields, layer=layer, offset=offset, xor=xor,
+                                 count=count)
+
+    def switch_history(self) -> list[dict]:
+        """The switch's records (every rule action) since this lab's first switch rule."""
+        if self._control is None:
+            return list(self._switch_records)
+        return self._switch().request("history", since=self._since)["records"]
 
     def _ip_link(self, host, state: str) -> None:
         name = host if isinstance(host, str) else host.name
@@ -264,7 +370,11 @@ class VmFaults(NoFaults):
         """Faults applied so far; "drop" is the packets the drop rules' counters saw."""
         counts = {k: v for k, v in self._counts.items() if k != "drop"}
         drops = sum(r.hits for r in self._rules if r.action == "drop")
-        if drops or "drop" in self._counts:
+        for r in self._switch_rules:
+            if r.action != "watch":
+                counts[r.action] = counts.get(r.action, 0) + r.hits
+        drops += counts.pop("drop", 0)
+        if drops or "drop" in self._counts or any(r.action == "drop" for r in self._switch_rules):
             counts["drop"] = drops
         return counts
 
@@ -276,6 +386,12 @@ class VmFaults(NoFaults):
             self._nft(host, f"nft delete table inet {nft.TABLE}")
         self._nft_ready.clear()
         self._rules.clear()
+        if self._control is not None:
+            self._switch_records = self.switch_history()  # kept for the lab's history
+            self._control.request("clear")
+            self._control.close()
+            self._control = None
+        self._switch_rules.clear()
 
     def _unsupported_reason(self, fault: str) -> str:
         return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet: delays, "
@@ -376,6 +492,10 @@ class VmLab:
         merged = []
         for agent in self._agents.values():
             merged += self._agent_records(agent)
+        for r in self._faults.switch_history():  # the switch runs on this machine's clock
+            merged.append({"seq": 0, "host_seq": r.get("seq", 0), "t_ns": r.get("t_ns", 0) - self._t0,
+                           "host": "switch", "object": f"rule:{r.get('rule', '')}",
+                           "kind": f"switch_{r.get('action', 'record')}", "data": r})
         with self._lock:
             merged += [dict(r) for r in self._archived]
             merged += [dict(r, host_seq=r["seq"]) for r in self._records]
@@ -469,6 +589,12 @@ class VmLab:
             self._faults.clear()
         finally:
             for name, agent in self._agents.items():
+                try:  # the history outlives the lab: written after shutdown
+                    records = self._agent_records(agent)
+                    with self._lock:
+                        self._archived += records
+                except Exception as e:
+                    self.record("history_lost", object="host", host=name, error=str(e))
                 try:
                     agent.close_lab()
                 except Exception as e:  # the others still close; the next lab heals it

@@ -79,12 +79,15 @@ esac
 log "rdma $RDMA up"
 
 # sshd from the host's openssh-server, keys made on the host (lab/vmlab/ssh.py), no config file.
+# StrictModes off: a checkout under /tmp (mode 1777) fails sshd's path check for the key files,
+# and this throwaway guest has no other users to protect them from.
 if [ "$SSHKEYS" != none ]; then
   mkdir -p $R/run/sshd
   chroot $R /usr/sbin/sshd -D -e -f /dev/null -o ListenAddress=10.0.2.15 -o Port=22 \
     -o HostKey="$SSHKEYS/ssh_host_ed25519_key" -o AuthorizedKeysFile="$SSHKEYS/authorized_keys" \
     -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no \
     -o KbdInteractiveAuthentication=no -o UsePAM=no -o PidFile=/run/sshd.pid \
+    -o StrictModes=no \
     > /dev/console 2>&1 &
 fi
 

@@ -281,7 +281,7 @@ class Lab:
 
     def __init__(self, n: int, rdma: str = "rxe", memory_mb: int = 512,
                  workdir: pathlib.Path | None = None, pcap: bool = True,
-                 sshd: bool = True) -> None:
+                 sshd: bool = True, seed: int = 1) -> None:
         self.kernel = kernel_mod.ensure()
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
@@ -296,6 +296,8 @@ class Lab:
         self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys), self.workdir,
                        self.switch_sock, self.kernel.vmlinuz, self.initrd) for i in range(n)]
         self.switch: subprocess.Popen | None = None
+        self.switch_control: pathlib.Path | None = None  # the fault switch's control socket
+        self.seed = seed
         self.pcap = self.workdir / "fabric.pcap" if pcap else None
         self.ssh_config = self.workdir / "ssh_config"
         if keys is not None:
@@ -304,7 +306,17 @@ class Lab:
         atexit.register(self.close)
 
     def start_switch(self) -> None:
-        argv = [sys.executable, "-m", "lab.vmlab.switch", "--sock", str(self.switch_sock)]
+        """The project's fault switch (faults/, rdmalab-switch) when it is built, with its
+        control socket; else the Python learning switch (no rules), e.g. for `make vmlab`."""
+        binary = pathlib.Path(os.environ.get("RDMALAB_SWITCH",
+                                              kernel_mod.REPO / "build" / "faults" / "rdmalab-switch"))
+        if binary.exists():
+            self.switch_control = self.workdir / "sw.ctl"
+            argv = [str(binary), "--sock", str(self.switch_sock), "--control",
+                    str(self.switch_control), "--seed", str(self.seed)]
+        else:
+            self.switch_control = None
+            argv = [sys.executable, "-m", "lab.vmlab.switch", "--sock", str(self.switch_sock)]
         for vm in self.vms:
             argv += ["--peer", str(vm.sock)]
         if self.pcap is not None:

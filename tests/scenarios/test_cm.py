@@ -163,13 +163,13 @@ def test_connect_to_a_port_with_no_listener(lab):
 @pytest.mark.requires(transport=IB_FAMILY)
 def test_lost_rep_is_retransmitted(lab):
     timing = IbCmTiming.for_caps(lab.host("a").caps())
+    reps = lab.faults.watch(cm="REP", src_host="b")   # before the drop: it sees the lost one
     lab.faults.drop(cm="REP", count=1)
     t0 = lab.now_ns
     pair = CmPair(lab, timeout_ns=3 * timing.passive_timeout_ns)
     est = pair.client.conn.wait("ESTABLISHED")
     assert est.t_ns - t0 >= timing.passive_timeout_ns - ms(10)  # after the REP's timeout
-    sent = [r["data"].get("msg") for r in checks.records(lab.history(), "cm_send", host="b")]
-    assert sent.count("REP") == 2
+    assert reps.hits == 2
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
@@ -177,33 +177,34 @@ def test_lost_rtu_is_recovered(lab):
     """The passive side stays in REP_SENT and retransmits REP; the active side answers the
     duplicate REP with another RTU (cm_dup_rep_handler)."""
     timing = IbCmTiming.for_caps(lab.host("a").caps())
+    rtus = lab.faults.watch(cm="RTU", src_host="a")
     lab.faults.drop(cm="RTU", count=1)
     pair = CmPair(lab, timeout_ns=3 * timing.passive_timeout_ns)
-    assert pair.server.conn.protocol_state == "ESTABLISHED"
-    sent_a = [r["data"].get("msg") for r in checks.records(lab.history(), "cm_send", host="a")]
-    assert sent_a.count("RTU") == 2
+    pair.server.conn.wait("ESTABLISHED", 3 * timing.passive_timeout_ns)
+    if lab.backend == "model":  # the IB CM state is the model's to show
+        assert pair.server.conn.protocol_state == "ESTABLISHED"
+    assert rtus.hits == 2
 
 
 @pytest.mark.requires(transport="iWARP")
 def test_iwarp_destroy_with_events_still_queued(lab):
     """Seed 001: an iWARP id destroyed while its events wait in the iw_cm work list: destroy
     returns, the queued events are dropped, none reaches the user afterwards, no deadlock."""
-    if lab.backend != "model":
-        pytest.skip("needs the FIN seen on the wire before the destroy: the VM lab's switch "
-                    "does not parse TCP yet (fault switch)")
     pair = CmPair(lab)
     server = pair.server.conn
+    fins = lab.faults.watch(opcode="TCP_FIN", src_host="a")
     pair.client.conn.disconnect()
     # The FIN reaches b, whose iw_cm queues the close events for the id; destroy it at once.
-    lab.wait_until(lambda: any(r["kind"] == "cm_recv" and r["host"] == "b"
-                               and r["data"].get("msg") in ("TCP_FIN", "FIN")
-                               for r in lab.history()[-20:]), ms(100), "the FIN at b")
+    lab.wait_until(lambda: fins.hits > 0, ms(100) + lab.tolerance_ns, "the FIN from a")
     pair.server.close(ms(100))
     destroyed_at = lab.now_ns
     lab.run_for(ms(100))
     assert all(e.t_ns <= destroyed_at for e in server.events)
-    assert "DISCONNECTED" not in names(server)
     assert server.destroyed
+    if lab.backend == "model":
+        # Only the model can place the destroy between the FIN's arrival and the delivery of
+        # its events; on a device the events may already be delivered (a race, not a fault).
+        assert "DISCONNECTED" not in names(server)
 
 
 def test_cm_events_of_one_id_are_serialised_and_none_after_destroy(lab):

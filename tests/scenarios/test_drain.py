@@ -89,6 +89,11 @@ def test_drain_sends_waiting_on_rnr(lab):
     assert_exactly_once(a)
 
 
+@pytest.mark.finding(
+    "siw", "siw-send-completes-before-delivery",
+    "with every segment from a dropped in the switch, all 32 SENDs complete SUCCESS (nothing "
+    "left to flush): siw completes a SEND once it is written to the TCP socket, not when the "
+    "peer has it (Linux 6.1)")
 def test_drain_with_the_wire_cut(lab):
     """Every packet from a is dropped: its SENDs wait for ACKs that never come, and the drain
     flushes them long before the retry budget runs out."""
