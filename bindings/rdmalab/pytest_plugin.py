@@ -335,16 +335,16 @@ def pytest_collection_modifyitems(config, items):
 
 def finding_on(mark, spec) -> Optional[str]:
     """The xfail reason of @finding(devices, name, text) on this lab, or None (not its
-    device). Only real devices carry findings: a model personality predicts the spec."""
+    device). Devices are personalities of real devices ("rxe"); a model personality carries a
+    finding only when named "model:<personality>" (one that copies a device's divergence)."""
     if len(mark.args) != 3:
         raise pytest.UsageError("finding(devices, name, text): three arguments")
     devices, name, text = mark.args
-    if spec.backend == "model":
-        return None
     caps = spec.caps()
-    if caps.personality not in _as_list(devices):
+    key = f"model:{caps.personality}" if spec.backend == "model" else caps.personality
+    if key not in _as_list(devices):
         return None
-    return f"finding {name} on {caps.personality} ({caps.name}): {text}"
+    return f"finding {name} on {key} ({caps.name}): {text}"
 
 
 @pytest.hookimpl(tryfirst=True)

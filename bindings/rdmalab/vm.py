@@ -188,6 +188,7 @@ class VmFaults(NoFaults):
         self._down: set[str] = set()
         self._rules: list[NftRule] = []
         self._nft_ready: set[str] = set()
+        self._removed: dict = {}  # host -> (device, the background `rdma link delete`)
         self._control = None  # SwitchControl, connected at the first switch rule
         self._switch_rules: list[SwitchRule] = []
         self._switch_records: list[dict] = []
@@ -232,6 +233,49 @@ class VmFaults(NoFaults):
         self._lab.record("fault", object="nft", fault=fault, fields=fields, expr=expr,
                          hosts=sorted(installed))
         return rule
+
+    # -- devices
+    def device_fatal(self, host) -> None:
+        """Removes the host's RDMA device (`rdma link delete`), as a driver unload or a fatal
+        firmware error would. The command may block while user contexts stay open (a provider
+        without disassociate_ucontext), so it runs in the background; the device comes back
+        (`rdma link add`) when the lab shuts down, after its contexts are closed."""
+        import subprocess as sp
+        name = host if isinstance(host, str) else host.name
+        vm = self._lab.vm_of(name)
+        dev = f"{self._lab.pool.rdma}0"
+        argv = ["ssh", "-F", str(self._lab.pool.vmlab.ssh_config), vm.spec.name,
+                f"rdma link delete {dev}"]
+        self._removed[name] = (dev, sp.Popen(argv, stdin=sp.DEVNULL, stdout=sp.PIPE,
+                                              stderr=sp.STDOUT))
+        self._counts["device_fatal"] = self._counts.get("device_fatal", 0) + 1
+        self._lab.record("fault", object="device", host=name, fault="device_fatal",
+                         command=f"rdma link delete {dev}")
+
+    def note_removals(self) -> None:
+        """Records, before the lab's contexts close, whether each removal still blocks."""
+        for name, (dev, proc) in self._removed.items():
+            self._lab.record("device_removal_state", object="device", host=name, device=dev,
+                             blocked=proc.poll() is None)
+
+    def restore_devices(self, deadline_s: float = 30.0) -> None:
+        """After the lab's contexts are closed: waits for each removal, adds the device back
+        and waits for its port. A removal still blocked marks the host for a reboot."""
+        import subprocess as sp
+        for name, (dev, proc) in list(self._removed.items()):
+            del self._removed[name]
+            try:
+                out, _ = proc.communicate(timeout=deadline_s)
+            except sp.TimeoutExpired:
+                proc.kill()
+                self._lab.agent_for(name).broken = f"rdma link delete {dev} still blocked"
+                continue
+            self._lab.record("device_removed", object="device", host=name, rc=proc.returncode,
+                             output=out.decode(errors="replace")[-500:])
+            vm = self._lab.vm_of(name)
+            vm.run(f"rdma link add {dev} type {self._lab.pool.rdma} netdev {DATA_NETDEV}",
+                   30).check(f"{name}: rdma link add {dev}")
+            self._wait_usable(name, vm)
 
     # -- hosts
     def reboot(self, host, down_ns: int) -> None:
@@ -394,8 +438,8 @@ class VmFaults(NoFaults):
         self._switch_rules.clear()
 
     def _unsupported_reason(self, fault: str) -> str:
-        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet: delays, "
-                "duplicates and process kills need the fault switch")
+        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet (process "
+                "kills, injected events and verb hooks are the model's)")
 
 
 class VmLab:
@@ -586,6 +630,7 @@ class VmLab:
         self._shut = True
         errors = []
         try:
+            self._faults.note_removals()
             self._faults.clear()
         finally:
             for name, agent in self._agents.items():
@@ -600,6 +645,10 @@ class VmLab:
                 except Exception as e:  # the others still close; the next lab heals it
                     agent.broken = agent.broken or f"lab shutdown failed: {e}"
                     errors.append(e)
+            try:
+                self._faults.restore_devices()  # contexts closed: removals can finish
+            except Exception as e:
+                errors.append(e)
         if errors:
             raise errors[0]
 

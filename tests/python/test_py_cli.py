@@ -124,6 +124,8 @@ def test_finding_marker_applies_to_its_device_only():
     mark = pytest.mark.finding("siw", "f", "text").mark
     assert finding_on(mark, Spec("vm")) == "finding f on siw (siw0): text"
     assert finding_on(mark, Spec("model")) is None     # the model predicts the spec
+    copied = pytest.mark.finding("model:siw", "f", "text").mark  # a personality copying it
+    assert finding_on(copied, Spec("model")) == "finding f on model:siw (siw0): text"
     other = pytest.mark.finding("rxe", "f", "text").mark
     assert finding_on(other, Spec("vm")) is None
     with pytest.raises(pytest.UsageError):

@@ -4,7 +4,7 @@ a device that does not raise it skips with that reason."""
 
 import pytest
 
-from rdmalab import ms, sec
+from rdmalab import Hung, ms, sec
 from rdmalab.resources import RCPair
 from rdmalab.stack import Dispatcher
 
@@ -130,3 +130,26 @@ def test_first_packet_in_rtr_raises_comm_est(lab):
         assert d.wait_event(pair.b.qp, "COMM_EST", timeout_ns=sec(1))
     assert got.seen == ["COMM_EST"]
     assert pair.b.wait_completions(1)
+
+
+@pytest.mark.finding(
+    "rxe", "rxe-device-removal-waits-for-the-user",
+    "`rdma link delete rxe0` with a user context open raises no DEVICE_FATAL and blocks until "
+    "the process closes the device: rxe has no disassociate_ucontext, so ib_uverbs_remove_one "
+    "waits for its clients instead of telling them (Linux 6.1)", raises=Hung)
+@pytest.mark.finding(
+    "siw", "siw-device-removal-waits-for-the-user",
+    "`rdma link delete siw0` with a user context open raises no DEVICE_FATAL within 2.5 s: "
+    "siw has no disassociate_ucontext either, so ib_uverbs_remove_one waits for its clients "
+    "(Linux 6.1; the blocking itself was checked on rxe)", raises=Hung)
+def test_device_removal_raises_device_fatal(lab):
+    """semantics.md E: removing a device (rdma link delete, a firmware reset) tells every
+    user context with DEVICE_FATAL, so that it can release its objects."""
+    pair = RCPair(lab)
+    got = Events()
+    with Dispatcher(lab, pair.a.ctx) as d:
+        d.set_default_handler(got)
+        lab.faults.device_fatal("a")
+        lab.wait_until(lambda: "DEVICE_FATAL" in got.seen, sec(2) + lab.tolerance_ns,
+                       "DEVICE_FATAL at a")
+    assert got.seen.count("DEVICE_FATAL") == 1
