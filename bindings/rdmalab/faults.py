@@ -15,6 +15,7 @@ Wire faults are rules: each matches packets (a predicate and/or fields) and acts
 from __future__ import annotations
 
 import errno
+import random
 from typing import Callable, Optional
 
 from . import _core
@@ -28,15 +29,43 @@ _PACKET_FIELDS = ("src_host", "dst_host", "opcode", "dest_qpn", "src_qpn", "psn"
                   "mad_attr_id")
 
 
+def _proto_of(p) -> str:
+    """The model's packets by protocol, as the fault switch names them."""
+    return "iwarp" if p.opcode.startswith(("TCP_", "MPA_")) else "roce"
+
+
 class PacketRule:
-    """One wire fault: which packets, what to do, how many times (None = always)."""
+    """One wire fault: which packets, what to do, how often. The keys are the fault switch's
+    (faults/rules.h): the packet fields, cm=, direction="a->b" / "a<->b", proto="roce" |
+    "iwarp" | "tcp" | "any"; count (the first N it takes), every (every Kth match),
+    probability (0..1, from a generator seeded per rule). A rule whose count is spent, or that
+    skips a packet by every/probability, lets the next rule decide."""
 
     def __init__(self, action: str, match: Optional[Callable], fields: dict, count: Optional[int],
-                 delay_ns: int = 0):
+                 delay_ns: int = 0, every: Optional[int] = None,
+                 probability: Optional[float] = None, seed: int = 0):
+        fields = dict(fields)
+        self.direction = fields.pop("direction", None)
+        self.proto = fields.pop("proto", None)
+        if self.direction is not None:
+            sep = "<->" if "<->" in self.direction else "->"
+            ends = self.direction.split(sep)
+            if len(ends) != 2 or not all(ends):
+                raise ValueError(f"direction {self.direction!r}: 'a->b' or 'a<->b'")
+            self._ends, self._both = tuple(ends), sep == "<->"
+        if self.proto not in (None, "roce", "iwarp", "tcp", "any"):
+            raise ValueError(f"proto {self.proto!r}: roce, iwarp, tcp or any")
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError(f"every={every!r}: a positive integer")
+        if probability is not None and not 0 <= probability <= 1:
+            raise ValueError(f"probability={probability!r}: between 0 and 1")
+        self.every, self.probability = every, probability
+        self._seen = 0  # matches so far (every=)
+        self._rng = random.Random(seed)
         unknown = set(fields) - set(_PACKET_FIELDS) - {"cm"}
         if unknown:
             raise TypeError(f"unknown packet field(s) {sorted(unknown)}; allowed: "
-                            f"{', '.join(_PACKET_FIELDS)}, cm")
+                            f"{', '.join(_PACKET_FIELDS)}, cm, direction, proto")
         if "cm" in fields:
             msg = fields.pop("cm")
             if msg not in CM_ATTR_ID:
@@ -52,7 +81,22 @@ class PacketRule:
             return False
         if any(getattr(p, k) != v for k, v in self.fields.items()):
             return False
-        return self.match is None or bool(self.match(p))
+        if self.direction is not None:
+            pair = (p.src_host, p.dst_host)
+            if pair != self._ends and not (self._both and pair == self._ends[::-1]):
+                return False
+        if self.proto not in (None, "any"):
+            if _proto_of(p) != ("iwarp" if self.proto == "tcp" else self.proto):
+                return False
+        if self.match is not None and not self.match(p):
+            return False
+        # Matched: every= and probability= decide whether this rule takes it.
+        self._seen += 1
+        if self.every is not None and self._seen % self.every != 0:
+            return False
+        if self.probability is not None and self._rng.random() >= self.probability:
+            return False
+        return True
 
     def verdict(self) -> _core.PacketVerdict:
         self.hits += 1
@@ -65,6 +109,7 @@ class Faults:
     def __init__(self, lab):
         self._lab = lab
         self._rules: list[PacketRule] = []
+        self._rules_made = 0
         self._verb_hooks: list[tuple[Optional[str], Callable]] = []
 
     @property
@@ -73,16 +118,27 @@ class Faults:
 
     # -- wire
     def drop(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
+             every: Optional[int] = None, probability: Optional[float] = None,
              **fields) -> PacketRule:
-        return self._add(PacketRule("DROP", match, fields, count))
+        return self._add(PacketRule("DROP", match, fields, count, every=every,
+                                    probability=probability, seed=self._rule_seed()))
 
     def delay(self, match: Optional[Callable] = None, *, delay_ns: int, count: Optional[int] = None,
+              every: Optional[int] = None, probability: Optional[float] = None,
               **fields) -> PacketRule:
-        return self._add(PacketRule("DELAY", match, fields, count, delay_ns))
+        return self._add(PacketRule("DELAY", match, fields, count, delay_ns, every=every,
+                                    probability=probability, seed=self._rule_seed()))
 
     def duplicate(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
+                  every: Optional[int] = None, probability: Optional[float] = None,
                   **fields) -> PacketRule:
-        return self._add(PacketRule("DUPLICATE", match, fields, count))
+        return self._add(PacketRule("DUPLICATE", match, fields, count, every=every,
+                                    probability=probability, seed=self._rule_seed()))
+
+    def _rule_seed(self) -> int:
+        """One stream per rule, from the lab's seed: a seed replays the same choices."""
+        self._rules_made += 1
+        return (self._lab.seed << 16) ^ self._rules_made
 
     def watch(self, match: Optional[Callable] = None, **fields) -> PacketRule:
         """Counts matching packets (rule.hits) and lets them pass; never decides a packet, so
