@@ -29,6 +29,18 @@ _PACKET_FIELDS = ("src_host", "dst_host", "opcode", "dest_qpn", "src_qpn", "psn"
                   "mad_attr_id")
 
 
+def expand_cm(fields: dict) -> dict:
+    """fields with cm="DREP" spelled out as the packet fields it means (opcode MAD and the
+    attribute ID); a copy, so the caller's dict is untouched."""
+    fields = dict(fields)
+    if "cm" in fields:
+        msg = fields.pop("cm")
+        if msg not in CM_ATTR_ID:
+            raise ValueError(f"unknown CM message {msg!r}; allowed: {', '.join(CM_ATTR_ID)}")
+        fields.update(opcode="MAD", mad_attr_id=CM_ATTR_ID[msg])
+    return fields
+
+
 def _proto_of(p) -> str:
     """The model's packets by protocol, as the fault switch names them."""
     return "iwarp" if p.opcode.startswith(("TCP_", "MPA_")) else "roce"
@@ -66,11 +78,7 @@ class PacketRule:
         if unknown:
             raise TypeError(f"unknown packet field(s) {sorted(unknown)}; allowed: "
                             f"{', '.join(_PACKET_FIELDS)}, cm, direction, proto")
-        if "cm" in fields:
-            msg = fields.pop("cm")
-            if msg not in CM_ATTR_ID:
-                raise ValueError(f"unknown CM message {msg!r}; allowed: {', '.join(CM_ATTR_ID)}")
-            fields.update(opcode="MAD", mad_attr_id=CM_ATTR_ID[msg])
+        fields = expand_cm(fields)
         self.action = parse(_core.PacketAction, action, "packet action")
         self.match, self.fields, self.count, self.delay_ns = match, fields, count, delay_ns
         self.hits = 0  # packets this rule acted on

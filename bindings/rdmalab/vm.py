@@ -201,19 +201,14 @@ class VmFaults(NoFaults):
 
     def _wire_rule(self, fault: str, verdict: str, match, count, fields: dict) -> NftRule:
         from . import nft
-        from .faults import CM_ATTR_ID
+        from .faults import expand_cm
         if match is not None:
             raise FaultNotSupported(fault, "a Python predicate cannot run in the guest's "
                                     "nftables: give the fields (cm=, opcode=, dest_qpn=, ...)")
         if count is not None:
             raise FaultNotSupported(fault, "nftables counts bytes, not packets: count= needs "
                                     "the fault switch")
-        fields = dict(fields)
-        if "cm" in fields:
-            msg = fields.pop("cm")
-            if msg not in CM_ATTR_ID:
-                raise ValueError(f"unknown CM message {msg!r}; allowed: {', '.join(CM_ATTR_ID)}")
-            fields.update(opcode="MAD", mad_attr_id=CM_ATTR_ID[msg])
+        fields = expand_cm(fields)
         transport = "iwarp" if self._lab.pool.rdma == "siw" else "roce"
         expr = nft.match_expr(fields, self._lab.addresses, transport, DATA_NETDEV)
         src = fields.get("src_host")
