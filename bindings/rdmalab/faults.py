@@ -7,7 +7,9 @@ Wire faults are rules: each matches packets (a predicate and/or fields) and acts
     lab.faults.drop(cm="DREP")                             # lose every DREP
     dreqs = lab.faults.watch(cm="DREQ"); ...; dreqs.hits    # count without touching
     lab.faults.drop(opcode="ACKNOWLEDGE", src_host="b", count=3)
+    lab.faults.drop(tcp_flags="FIN")                       # iWARP: lose the FINs
     lab.faults.delay(lambda p: p.dest_qpn == qpn, delay_ns=ms(5))
+    lab.faults.reorder(opcode="SEND_ONLY", count=1)        # after the next packet of its QP
     lab.faults.on_verb(lambda call: ..., verb="ibv_destroy_qp")   # timing faults
     lab.faults.at(lab.now_ns + us(10), lambda: proc.kill())
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import errno
 import random
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import _core
 from .errors import Error, FaultNotSupported
@@ -27,6 +29,34 @@ CM_ATTR_ID = {"REQ": 0x10, "MRA": 0x11, "REJ": 0x12, "REP": 0x13, "RTU": 0x14, "
               "DREP": 0x16, "SIDR_REQ": 0x17, "SIDR_REP": 0x18, "LAP": 0x19, "APR": 0x1A}
 _PACKET_FIELDS = ("src_host", "dst_host", "opcode", "dest_qpn", "src_qpn", "psn", "syndrome",
                   "mad_attr_id")
+# The switch's keys that name no field of the model's packet but a header it stands for.
+_SWITCH_KEYS = ("cm", "direction", "proto", "tcp_flags", "rdmap_opcode")
+
+# TCP flags as the switch spells them (faults/frame.h tcp_flag).
+TCP_FLAGS = {"FIN": 0x01, "SYN": 0x02, "RST": 0x04, "PSH": 0x08, "ACK": 0x10, "URG": 0x20,
+             "ECE": 0x40, "CWR": 0x80}
+# RDMAP opcodes (RFC 5040 4.2) as the switch names them; it takes the 4-bit value too.
+RDMAP_OPCODES = {"RDMA_WRITE": 0x0, "RDMA_READ_REQUEST": 0x1, "RDMA_READ_RESPONSE": 0x2,
+                 "SEND": 0x3, "SEND_WITH_INVALIDATE": 0x4, "SEND_WITH_SE": 0x5,
+                 "SEND_WITH_SE_AND_INVALIDATE": 0x6, "TERMINATE": 0x7}
+# The switch's reorder hold when a rule gives none (faults/rules.h).
+REORDER_HOLD_NS = 100_000_000
+
+_FIN, _RST, _ACK = TCP_FLAGS["FIN"], TCP_FLAGS["RST"], TCP_FLAGS["ACK"]
+# The flags of the iWARP CM's TCP packets. A RST is RST|ACK (Linux tcp_send_active_reset);
+# the model folds the handshake into MPA_REQUEST and sets no PSH, URG, ECE or CWR.
+_CM_TCP_FLAGS = {"TCP_FIN": _FIN | _ACK, "TCP_RST": _RST | _ACK, "TCP_ACK": _ACK,
+                 "MPA_REQUEST": _ACK, "MPA_REPLY": _ACK}
+# The model's iWARP data packets as the RDMAP messages they stand for; an immediate-data packet
+# counts as the write or send it carries (RFC 7306 sends the immediate as a message of its own,
+# which the model folds in).
+_RDMAP_OF_OPCODE = {"RDMA_WRITE_ONLY": 0x0, "RDMA_WRITE_ONLY_WITH_IMMEDIATE": 0x0,
+                    "RDMA_READ_REQUEST": 0x1, "RDMA_READ_RESPONSE_ONLY": 0x2,
+                    "SEND_ONLY": 0x3, "SEND_ONLY_WITH_IMMEDIATE": 0x3}
+# A responder error, an ACKNOWLEDGE with one of these on the model, is a TERMINATE on iWARP;
+# its ACK and NAK_SEQ stand for TCP acknowledgements (no RDMAP message).
+_TERMINATE_SYNDROMES = frozenset({"NAK_INV_REQ", "NAK_REM_ACCESS", "NAK_REM_OP",
+                                  "NAK_INV_RD_REQ"})
 
 
 def expand_cm(fields: dict) -> dict:
@@ -46,19 +76,82 @@ def _proto_of(p) -> str:
     return "iwarp" if p.opcode.startswith(("TCP_", "MPA_")) else "roce"
 
 
+def parse_tcp_flags(value) -> int:
+    """tcp_flags="FIN" / "SYN|ACK" as the switch parses it: the bits a packet must have set."""
+    allowed = ", ".join(TCP_FLAGS)
+    if not isinstance(value, str):
+        raise ValueError(f"tcp_flags={value!r}: flag names joined by '|'; allowed: {allowed}")
+    bits = 0
+    for name in value.split("|"):
+        if name not in TCP_FLAGS:
+            raise ValueError(f"tcp_flags={value!r}: unknown TCP flag {name!r}; allowed: "
+                             f"{allowed} (joined by '|')")
+        bits |= TCP_FLAGS[name]
+    return bits
+
+
+def parse_rdmap_opcode(value) -> int:
+    """rdmap_opcode= as the switch parses it: a name or the 4-bit value."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value <= 15:
+            return value
+    elif isinstance(value, str) and value in RDMAP_OPCODES:
+        return RDMAP_OPCODES[value]
+    raise ValueError(f"rdmap_opcode={value!r}: unknown; allowed: {', '.join(RDMAP_OPCODES)} "
+                     "or the 4-bit value 0..15")
+
+
+def model_tcp_flags(p, iwarp: bool) -> Optional[int]:
+    """The TCP flags the model's packet stands for; None when it is not on TCP (IB, RoCE).
+    On an iWARP host every packet after the handshake carries ACK: the FPDUs, and the
+    ACKNOWLEDGEs that stand for TCP's acknowledgements or a TERMINATE."""
+    if p.opcode in _CM_TCP_FLAGS:
+        return _CM_TCP_FLAGS[p.opcode]
+    return _ACK if iwarp else None
+
+
+def model_rdmap_opcode(p, iwarp: bool) -> Optional[int]:
+    """The RDMAP opcode of the model's packet from an iWARP host; None for one that carries
+    no RDMAP message (TCP and MPA, TCP acknowledgements, any packet of IB or RoCE)."""
+    if not iwarp:
+        return None
+    if p.opcode == "ACKNOWLEDGE":
+        return RDMAP_OPCODES["TERMINATE"] if p.syndrome in _TERMINATE_SYNDROMES else None
+    return _RDMAP_OF_OPCODE.get(p.opcode)
+
+
 class PacketRule:
     """One wire fault: which packets, what to do, how often. The keys are the fault switch's
     (faults/rules.h): the packet fields, cm=, direction="a->b" / "a<->b", proto="roce" |
     "iwarp" | "tcp" | "any"; count (the first N it takes), every (every Kth match),
     probability (0..1, from a generator seeded per rule). A rule whose count is spent, or that
-    skips a packet by every/probability, lets the next rule decide."""
+    skips a packet by every/probability, lets the next rule decide.
+
+    tcp_flags ("FIN", "RST|ACK": those bits set, others free) and rdmap_opcode ("SEND",
+    "TERMINATE", ... or 0..15) match the headers the model's packets stand for on an iWARP host
+    (iwarp_hosts): TCP_FIN is FIN|ACK, TCP_RST RST|ACK, every other TCP/MPA packet and FPDU
+    ACK; SEND_ONLY is SEND, RDMA_WRITE_ONLY RDMA_WRITE, RDMA_READ_RESPONSE_ONLY
+    RDMA_READ_RESPONSE, an ACKNOWLEDGE with a responder error TERMINATE. What the model never
+    sends matches nothing: SYN (the handshake is folded into MPA_REQUEST), PSH, URG, ECE, CWR,
+    the solicited-event and invalidate sends, opcodes 8..15, and both keys on IB and RoCE."""
 
     def __init__(self, action: str, match: Optional[Callable], fields: dict, count: Optional[int],
                  delay_ns: int = 0, every: Optional[int] = None,
-                 probability: Optional[float] = None, seed: int = 0):
+                 probability: Optional[float] = None, seed: int = 0,
+                 hold_ns: int = REORDER_HOLD_NS, iwarp_hosts: Iterable[str] = ()):
         fields = dict(fields)
         self.direction = fields.pop("direction", None)
         self.proto = fields.pop("proto", None)
+        self.tcp_flags = fields.pop("tcp_flags", None)
+        self.rdmap_opcode = fields.pop("rdmap_opcode", None)
+        if self.tcp_flags is not None:
+            self._tcp_bits = parse_tcp_flags(self.tcp_flags)
+        if self.rdmap_opcode is not None:
+            self._rdmap = parse_rdmap_opcode(self.rdmap_opcode)
+        self._iwarp_hosts = frozenset(iwarp_hosts)
+        if isinstance(hold_ns, bool) or not isinstance(hold_ns, int) or hold_ns < 0:
+            raise ValueError(f"hold_ns={hold_ns!r}: an integer >= 0 (ns)")
+        self.hold_ns = hold_ns
         if self.direction is not None:
             sep = "<->" if "<->" in self.direction else "->"
             ends = self.direction.split(sep)
@@ -77,7 +170,7 @@ class PacketRule:
         unknown = set(fields) - set(_PACKET_FIELDS) - {"cm"}
         if unknown:
             raise TypeError(f"unknown packet field(s) {sorted(unknown)}; allowed: "
-                            f"{', '.join(_PACKET_FIELDS)}, cm, direction, proto")
+                            f"{', '.join(_PACKET_FIELDS + _SWITCH_KEYS)}")
         fields = expand_cm(fields)
         self.action = parse(_core.PacketAction, action, "packet action")
         self.match, self.fields, self.count, self.delay_ns = match, fields, count, delay_ns
@@ -96,6 +189,13 @@ class PacketRule:
         if self.proto not in (None, "any"):
             if _proto_of(p) != ("iwarp" if self.proto == "tcp" else self.proto):
                 return False
+        if self.tcp_flags is not None:
+            flags = model_tcp_flags(p, p.src_host in self._iwarp_hosts)
+            if flags is None or flags & self._tcp_bits != self._tcp_bits:
+                return False
+        if self.rdmap_opcode is not None:
+            if model_rdmap_opcode(p, p.src_host in self._iwarp_hosts) != self._rdmap:
+                return False
         if self.match is not None and not self.match(p):
             return False
         # Matched: every= and probability= decide whether this rule takes it.
@@ -108,7 +208,7 @@ class PacketRule:
 
     def verdict(self) -> _core.PacketVerdict:
         self.hits += 1
-        return _core.PacketVerdict(self.action, self.delay_ns)
+        return _core.PacketVerdict(self.action, self.delay_ns, self.hold_ns)
 
 
 class Faults:
@@ -119,6 +219,7 @@ class Faults:
         self._rules: list[PacketRule] = []
         self._rules_made = 0
         self._verb_hooks: list[tuple[Optional[str], Callable]] = []
+        self._iwarp: Optional[frozenset] = None
 
     @property
     def _o(self):
@@ -129,38 +230,59 @@ class Faults:
              every: Optional[int] = None, probability: Optional[float] = None,
              **fields) -> PacketRule:
         return self._add(PacketRule("DROP", match, fields, count, every=every,
-                                    probability=probability, seed=self._rule_seed()))
+                                    probability=probability, seed=self._rule_seed(),
+                                    iwarp_hosts=self._iwarp_hosts()))
 
     def delay(self, match: Optional[Callable] = None, *, delay_ns: int, count: Optional[int] = None,
               every: Optional[int] = None, probability: Optional[float] = None,
               **fields) -> PacketRule:
         return self._add(PacketRule("DELAY", match, fields, count, delay_ns, every=every,
-                                    probability=probability, seed=self._rule_seed()))
+                                    probability=probability, seed=self._rule_seed(),
+                                    iwarp_hosts=self._iwarp_hosts()))
 
     def duplicate(self, match: Optional[Callable] = None, *, count: Optional[int] = None,
                   every: Optional[int] = None, probability: Optional[float] = None,
                   **fields) -> PacketRule:
         return self._add(PacketRule("DUPLICATE", match, fields, count, every=every,
-                                    probability=probability, seed=self._rule_seed()))
+                                    probability=probability, seed=self._rule_seed(),
+                                    iwarp_hosts=self._iwarp_hosts()))
+
+    def reorder(self, match: Optional[Callable] = None, *, hold_ns: Optional[int] = None,
+                count: Optional[int] = None, every: Optional[int] = None,
+                probability: Optional[float] = None, **fields) -> PacketRule:
+        """The switch's reorder: a matching packet is held until the next packet of its flow
+        passes and arrives right after it, or hold_ns (default 100 ms, the switch's) after it
+        would have. A flow on the model is one QP's packets from one host to another; the
+        iWARP CM's TCP packets, which name no QP, are one flow per host pair, apart from the
+        connection's FPDUs (the model's packets carry no TCP ports)."""
+        return self._add(PacketRule("REORDER", match, fields, count, every=every,
+                                    probability=probability, seed=self._rule_seed(),
+                                    hold_ns=REORDER_HOLD_NS if hold_ns is None else hold_ns,
+                                    iwarp_hosts=self._iwarp_hosts()))
 
     def _rule_seed(self) -> int:
         """One stream per rule, from the lab's seed: a seed replays the same choices."""
         self._rules_made += 1
         return (self._lab.seed << 16) ^ self._rules_made
 
+    def _iwarp_hosts(self) -> frozenset:
+        """The hosts whose packets stand for TCP segments (tcp_flags=, rdmap_opcode=); read
+        here, never from inside the packet hook."""
+        if self._iwarp is None:
+            self._iwarp = frozenset(name for name, host in self._lab.hosts.items()
+                                    if host.caps().transport == "iWARP")
+        return self._iwarp
+
     def watch(self, match: Optional[Callable] = None, **fields) -> PacketRule:
         """Counts matching packets (rule.hits) and lets them pass; never decides a packet, so
         the rules after it still apply."""
-        rule = PacketRule("DELIVER", match, fields, None)
+        rule = PacketRule("DELIVER", match, fields, None, iwarp_hosts=self._iwarp_hosts())
         rule.observe = True
         return self._add(rule)
 
     def corrupt(self, match: Optional[Callable] = None, **kw) -> PacketRule:
         raise FaultNotSupported("corrupt", "the model's fabric carries packets, not bytes: it "
                                 "cannot corrupt a header (inject_async_event models the effect)")
-
-    def reorder(self, match: Optional[Callable] = None, **kw) -> PacketRule:
-        raise FaultNotSupported("reorder", "the model's fabric has no reorder action yet")
 
     def remove(self, rule: PacketRule) -> None:
         self._rules.remove(rule)
@@ -205,6 +327,15 @@ class Faults:
 
     def device_fatal(self, host) -> None:
         self._device_fault("device_fatal", self._o.device_fatal, _host_name(host))
+
+    def rdma_link_delete(self, host) -> None:
+        raise FaultNotSupported("rdma_link_delete", "the model's devices stay listed: it has "
+                                "device_fatal (DEVICE_FATAL, the device dead) but no removal "
+                                "from the device list and no rdma_link_add")
+
+    def rdma_link_add(self, host) -> None:
+        raise FaultNotSupported("rdma_link_add", "the model's devices are never removed (see "
+                                "rdma_link_delete)")
 
     def reboot(self, host, down_ns: int) -> None:
         """The host loses all state at once (processes, QPs, CM state, timers) and is back

@@ -11,6 +11,7 @@ wall-clock terms, and the same seed replays the same run.
 from __future__ import annotations
 
 import atexit
+import errno as _errno
 import json
 import os
 import weakref
@@ -18,7 +19,7 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 from . import _core
 from .cm import CmChannel
-from .errors import Error, Hung, raise_parked
+from .errors import Error, FaultNotSupported, Hung, raise_parked
 from .faults import Faults, NoFaults
 from .names import parse, sec
 from .verbs import Context, DeviceCaps, unwrap
@@ -57,8 +58,25 @@ class Process:
         raise_parked()
         return ch
 
+    def kernel_objects(self) -> dict[str, int]:
+        """What the kernel holds for this process, by kind as `rdma res show` names them
+        (ctx, pd, cq, qp, srq, mr, cm_id, xrcd); empty once a kill has been cleaned up."""
+        try:
+            return dict(self._o.kernel_objects())
+        except Error as e:
+            if e.errno == _errno.EOPNOTSUPP:
+                raise FaultNotSupported("kernel_objects", e.detail or str(e)) from e
+            raise
+
     def kill(self) -> None:
-        self._o.kill()
+        """SIGKILL: the kernel releases everything the process owned, without waiting for
+        acks (uverbs and ucma cleanup on file close)."""
+        try:
+            self._o.kill()
+        except Error as e:
+            if e.errno == _errno.EOPNOTSUPP:  # the harness's own process (local verbs lab)
+                raise FaultNotSupported("kill", e.detail or str(e)) from e
+            raise
         raise_parked()
 
     def __repr__(self) -> str:
@@ -222,6 +240,12 @@ class Lab:
         self._closers.clear()
         self._faults.clear()
         self._o.shutdown()
+
+    def killable_process(self, host: str, name: str) -> Process:
+        """A process that a fault may SIGKILL (process.kill()). Every model process can be
+        killed, so here it is host(host).process(name); the VM lab runs it as an OS process of
+        its own in the guest, and the local verbs lab cannot kill (it is the harness)."""
+        return self.host(host).process(name)
 
     def fresh_hosts(self, *names: str) -> None:
         """Makes these hosts as if just booted (first QPN next, no state). A model lab's hosts

@@ -167,8 +167,8 @@ class CmPair:
                  accept_data: bytes = b"", process_server: str = "cm-server",
                  process_client: str = "cm-client", mr_size: int = 4096, **kw):
         self.lab = lab
-        self.server_channel = lab.host(_name(server)).process(process_server).event_channel()
-        self.client_channel = lab.host(_name(client)).process(process_client).event_channel()
+        self.server_channel = _process(lab, server, process_server).event_channel()
+        self.client_channel = _process(lab, client, process_client).event_channel()
         self.listener = self.server_channel.listen(port)
         conn = self.client_channel.connect(_name(server), port, timeout_ns=timeout_ns,
                                            timing=timing, private_data=private_data, **kw)
@@ -205,6 +205,14 @@ def _needs_rdma_cm(lab, host) -> bool:
     if getattr(lab, "replayable", True):
         return False
     return lab.host(_name(host)).caps().transport == "iWARP"
+
+
+def _process(lab, host, process):
+    """process: a name (a new process on host) or a process made already (e.g. by
+    lab.killable_process)."""
+    if isinstance(process, str):
+        return lab.host(_name(host)).process(process)
+    return process
 
 
 def _name(host) -> str:

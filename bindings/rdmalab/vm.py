@@ -12,6 +12,7 @@ merged history orders records of all hosts on one time line.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -22,6 +23,7 @@ import time
 from typing import Callable, Iterable, Optional, Union
 
 from .errors import FaultNotSupported, Hung
+from .errors import make_error as _make_error
 from .faults import NoFaults
 from .remote import Agent
 
@@ -77,6 +79,10 @@ class VmPool:
         except BaseException:
             self.close()
             raise
+
+    def start_agent(self, vm) -> Agent:
+        """A new agent (its own python process) in vm, over a new SSH session."""
+        return self._start_agent(vm)
 
     def _start_agent(self, vm) -> Agent:
         import execnet
@@ -231,21 +237,38 @@ class VmFaults(NoFaults):
 
     # -- devices
     def device_fatal(self, host) -> None:
-        """Removes the host's RDMA device (`rdma link delete`), as a driver unload or a fatal
-        firmware error would. The command may block while user contexts stay open (a provider
-        without disassociate_ucontext), so it runs in the background; the device comes back
-        (`rdma link add`) when the lab shuts down, after its contexts are closed."""
+        """Removes the host's RDMA device, as a driver unload or a fatal firmware error would:
+        rdma_link_delete; the device comes back when the lab shuts down, after its contexts
+        are closed (or earlier with rdma_link_add)."""
+        self.rdma_link_delete(host, fault="device_fatal")
+
+    def rdma_link_delete(self, host, *, fault: str = "rdma_link_delete") -> None:
+        """`rdma link delete` of the host's soft device. The command may block while user
+        contexts stay open (a provider without disassociate_ucontext), so it runs in the
+        background; rdma_link_add (or the lab's shutdown) waits for it."""
         import subprocess as sp
         name = host if isinstance(host, str) else host.name
+        if name in self._removed:
+            raise _make_error("rdma link delete", errno.EBUSY, f"{name}: its device is already being removed")
         vm = self._lab.vm_of(name)
         dev = f"{self._lab.pool.rdma}0"
         argv = ["ssh", "-F", str(self._lab.pool.vmlab.ssh_config), vm.spec.name,
                 f"rdma link delete {dev}"]
         self._removed[name] = (dev, sp.Popen(argv, stdin=sp.DEVNULL, stdout=sp.PIPE,
                                               stderr=sp.STDOUT))
-        self._counts["device_fatal"] = self._counts.get("device_fatal", 0) + 1
-        self._lab.record("fault", object="device", host=name, fault="device_fatal",
+        self._counts[fault] = self._counts.get(fault, 0) + 1
+        self._lab.record("fault", object="device", host=name, fault=fault,
                          command=f"rdma link delete {dev}")
+
+    def rdma_link_add(self, host, deadline_s: float = 30.0) -> None:
+        """`rdma link add` of the device rdma_link_delete removed, once the removal has
+        finished (Hung if it is still blocked after deadline_s: a context is still open);
+        returns when the port is ACTIVE and usable."""
+        name = host if isinstance(host, str) else host.name
+        if name not in self._removed:
+            raise _make_error("rdma link add", errno.ENODEV, f"{name}: no device of it was deleted")
+        self._restore(name, deadline_s, hung=True)
+        self._counts["rdma_link_add"] = self._counts.get("rdma_link_add", 0) + 1
 
     def note_removals(self) -> None:
         """Records, before the lab's contexts close, whether each removal still blocks."""
@@ -256,21 +279,31 @@ class VmFaults(NoFaults):
     def restore_devices(self, deadline_s: float = 30.0) -> None:
         """After the lab's contexts are closed: waits for each removal, adds the device back
         and waits for its port. A removal still blocked marks the host for a reboot."""
+        for name in list(self._removed):
+            self._restore(name, deadline_s, hung=False)
+
+    def _restore(self, name: str, deadline_s: float, hung: bool) -> None:
         import subprocess as sp
-        for name, (dev, proc) in list(self._removed.items()):
+        dev, proc = self._removed[name]
+        try:
+            out, _ = proc.communicate(timeout=deadline_s)
+        except sp.TimeoutExpired:
+            if hung:  # the scenario still holds a context: say so, keep waiting at shutdown
+                raise Hung(f"{name}: rdma link delete {dev}", f"rdma link delete {dev} on "
+                           f"{name} still blocks after {deadline_s} s: a user context on it "
+                           "is still open") from None
             del self._removed[name]
-            try:
-                out, _ = proc.communicate(timeout=deadline_s)
-            except sp.TimeoutExpired:
-                proc.kill()
-                self._lab.agent_for(name).broken = f"rdma link delete {dev} still blocked"
-                continue
-            self._lab.record("device_removed", object="device", host=name, rc=proc.returncode,
-                             output=out.decode(errors="replace")[-500:])
-            vm = self._lab.vm_of(name)
-            vm.run(f"rdma link add {dev} type {self._lab.pool.rdma} netdev {DATA_NETDEV}",
-                   30).check(f"{name}: rdma link add {dev}")
-            self._wait_usable(name, vm)
+            proc.kill()
+            self._lab.agent_for(name).broken = f"rdma link delete {dev} still blocked"
+            return
+        del self._removed[name]
+        self._lab.record("device_removed", object="device", host=name, rc=proc.returncode,
+                         output=out.decode(errors="replace")[-500:])
+        vm = self._lab.vm_of(name)
+        vm.run(f"rdma link add {dev} type {self._lab.pool.rdma} netdev {DATA_NETDEV}",
+               30).check(f"{name}: rdma link add {dev}")
+        self._lab.record("device_added", object="device", host=name, device=dev)
+        self._wait_usable(name, vm)
 
     # -- hosts
     def reboot(self, host, down_ns: int) -> None:
@@ -437,6 +470,123 @@ class VmFaults(NoFaults):
                 "kills, injected events and verb hooks are the model's)")
 
 
+class VmProcess:
+    """A process of a VM host that is an OS process of its own: a second agent in the guest
+    (python over its own SSH session), whose verbs lab has just this process. Its objects
+    live there, so kill() is a real SIGKILL: the guest kernel releases them (uverbs, ucma) as
+    it does for any process that dies."""
+
+    def __init__(self, lab: "VmLab", host: str, name: str):
+        self._lab, self.name, self._host_name = lab, name, host
+        self._agent = lab.pool.start_agent(lab.vm_of(host))
+        try:
+            self._agent.new_lab(lab.seed, host, lab.addresses)
+            self.host = self._agent.lab.host(host)
+            self._proc = self.host.process(name)
+            self.pid = int(self._agent.module("os").getpid())
+        except BaseException:
+            self._agent.close(deadline_s=5.0)
+            raise
+        self._killed = False
+        self._tids = {self.pid}
+
+    @property
+    def alive(self) -> bool:
+        return not self._killed
+
+    @property
+    def agent(self) -> Optional[Agent]:
+        return None if self._killed else self._agent
+
+    def _live(self, verb: str):
+        if self._killed:
+            from .errors import make_error
+            import errno
+            raise make_error(verb, errno.ESRCH, f"proc:{self.name} (pid {self.pid}) was killed")
+        return self._proc
+
+    def open_device(self, device_name: str = ""):
+        return self._live("ibv_open_device").open_device(device_name)
+
+    def event_channel(self, workers: int = 2):
+        return self._live("rdma_create_event_channel").event_channel(workers)
+
+    def kernel_objects(self) -> dict[str, int]:
+        """`rdma res show` in the guest for this process (it works after the kill too).
+        restrack names the thread that made each object (its TID, not the process's PID), so
+        the threads seen while the process lived count as its own."""
+        self._note_threads()
+        return self._lab.kernel_resources(self._host_name, self._tids)
+
+    def _note_threads(self) -> None:
+        if self._killed:
+            return
+        try:
+            tids = self._lab.agent_for(self._host_name).module("os").listdir(
+                f"/proc/{self.pid}/task")
+        except Exception:  # gone
+            return
+        self._tids |= {int(t) for t in tids}
+
+    def records(self) -> list[dict]:
+        return [] if self._killed else self._lab._agent_records(self._agent)
+
+    def kill(self) -> None:
+        """SIGKILL from the host's main agent; returns once the process is gone (its pid no
+        longer in /proc). Its history so far is kept; nothing it would have recorded after."""
+        if self._killed:
+            return
+        try:
+            archived = self.records()
+        except Exception as e:
+            archived = []
+            self._lab.record("history_lost", object=f"proc:{self.name}", host=self._host_name,
+                             error=str(e))
+        self._lab._archive(archived)
+        self._lab.record("fault", object=f"proc:{self.name}", host=self._host_name,
+                         fault="kill", pid=self.pid)
+        self._note_threads()
+        main = self._lab.agent_for(self._host_name)
+        os_mod = main.module("os")
+        os_mod.kill(self.pid, 9)
+        self._killed = True
+        self._agent.broken = "SIGKILLed by a kill fault"
+        self._agent.lab = None
+        end = time.monotonic() + 10.0
+        while main.module("os.path").exists(f"/proc/{self.pid}/status") and \
+                "zombie" not in _proc_state(main, self.pid):
+            if time.monotonic() > end:
+                raise Hung(f"kill {self.name}", f"pid {self.pid} on {self._host_name} still "
+                           "runs 10 s after SIGKILL")
+            time.sleep(0.01)
+        self._agent.close(deadline_s=5.0)
+
+    def close(self) -> None:
+        """Lab shutdown: a live process closes its lab (objects released in order)."""
+        if self._killed:
+            return
+        self._killed = True
+        try:
+            self._agent.close_lab()
+        finally:
+            self._agent.close(deadline_s=5.0)
+
+    def __repr__(self) -> str:
+        state = "killed" if self._killed else "alive"
+        return f"<VmProcess {self.name} pid {self.pid} on {self._host_name} ({state})>"
+
+
+def _proc_state(agent: Agent, pid: int) -> str:
+    try:
+        with agent.module("builtins").open(f"/proc/{pid}/status") as f:
+            for line in f.read().splitlines():
+                if line.startswith("State:"):
+                    return line
+    except Exception:  # gone between the two looks
+        return "zombie (gone)"
+    return ""
+
+
 class VmLab:
     """A Lab whose hosts are VMs of a pool: the same API as rdmalab.Lab (hosts, faults, waits,
     history), with every host's objects in that VM's agent."""
@@ -464,7 +614,8 @@ class VmLab:
             pool.used[vm_name] = pool.used.get(vm_name, 0) + 1  # labs since its boot
         self._faults = VmFaults(self)
         self._records: list[dict] = []
-        self._archived: list[dict] = []  # records of agents lost to a reboot
+        self._archived: list[dict] = []  # records of agents lost to a reboot or a kill
+        self._procs: list[VmProcess] = []  # killable processes (agents of their own)
         self._lock = threading.Lock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
@@ -488,6 +639,41 @@ class VmLab:
 
     def vm_of(self, name: str):
         return self._vms[name]
+
+    def killable_process(self, host: str, name: str) -> VmProcess:
+        """A process that kill() SIGKILLs: an OS process of its own in the guest (a second
+        agent, started over SSH: a few seconds on TCG), not a part of the host's agent."""
+        if host not in self._agents:
+            raise KeyError(f"no host {host!r} in {self.description}; hosts: "
+                           f"{', '.join(self._agents)}")
+        proc = VmProcess(self, host, name)
+        self._procs.append(proc)
+        self.record("process_start", object=f"proc:{name}", host=host, pid=proc.pid)
+        return proc
+
+    def kernel_resources(self, host: str, pids) -> dict[str, int]:
+        """What the guest's kernel still holds for these pids (an int or a set: restrack
+        records the creating thread's TID), by kind (`rdma res show`: qp, cq, pd, mr, cm_id,
+        ctx, srq); kinds with none are left out."""
+        pids = {pids} if isinstance(pids, int) else set(pids)
+        out = {}
+        vm = self._vms[host]
+        for kind in ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq"):
+            res = vm.run(f"rdma -j res show {kind}", 30)
+            if res.rc != 0:  # a kind this iproute2 or kernel does not list
+                continue
+            try:
+                entries = json.loads(res.out or "[]")
+            except ValueError as e:
+                raise RuntimeError(f"{host}: rdma -j res show {kind}: {e}: {res.out!r}") from e
+            n = sum(1 for e in entries if isinstance(e, dict) and e.get("pid") in pids)
+            if n:
+                out[kind] = n
+        return out
+
+    def _archive(self, records: list[dict]) -> None:
+        with self._lock:
+            self._archived += records
 
     def address_of(self, host: str) -> str:
         return self.addresses.get(host, host)
@@ -531,6 +717,8 @@ class VmLab:
         merged = []
         for agent in self._agents.values():
             merged += self._agent_records(agent)
+        for proc in self._procs:
+            merged += proc.records()
         for r in self._faults.switch_history():  # the switch runs on this machine's clock
             merged.append({"seq": 0, "host_seq": r.get("seq", 0), "t_ns": r.get("t_ns", 0) - self._t0,
                            "host": "switch", "object": f"rule:{r.get('rule', '')}",
@@ -601,6 +789,8 @@ class VmLab:
         for name, agent in self._agents.items():
             vm = self._vms[name]
             procs = [p.name for p in agent.lab.host(name).processes] if agent.lab else []
+            procs += [f"{p.name} (pid {p.pid}{'' if p.alive else ', killed'})"
+                      for p in self._procs if p._host_name == name]
             lines.append(f"host {name} = {vm.spec.name} ({vm.spec.ip}, {self.pool.rdma}): "
                          f"processes {procs}")
         return "\n".join(lines)
@@ -614,8 +804,8 @@ class VmLab:
         return "\n".join(lines)
 
     def check_errors(self) -> None:
-        for agent in self._agents.values():
-            if agent.lab is not None:
+        for agent in [*self._agents.values(), *(p.agent for p in self._procs)]:
+            if agent is not None and agent.lab is not None:
                 agent.lab.check_errors()
 
     # -- lifetime
@@ -628,6 +818,12 @@ class VmLab:
             self._faults.note_removals()
             self._faults.clear()
         finally:
+            for proc in self._procs:  # their own agents, before the hosts' agents
+                try:
+                    self._archive(proc.records())
+                    proc.close()
+                except Exception as e:
+                    errors.append(e)
             for name, agent in self._agents.items():
                 try:  # the history outlives the lab: written after shutdown
                     records = self._agent_records(agent)

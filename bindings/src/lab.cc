@@ -33,7 +33,8 @@ void bind_hosts(py::module_& m) {
       .def(
           "create_event_channel",
           [](Process& p) { return gil_free_delete(p.create_event_channel()); }, kRelease, child)
-      .def("kill", &Process::kill, kRelease);
+      .def("kill", &Process::kill, kRelease)
+      .def("kernel_objects", &Process::kernel_objects, kRelease);
 
   py::class_<Host, std::shared_ptr<Host>>(m, "Host")
       .def_property_readonly("name", &Host::name)
@@ -133,15 +134,17 @@ void bind_model_structs(py::module_& m) {
       .value("DELIVER", model::PacketAction::DELIVER)
       .value("DROP", model::PacketAction::DROP)
       .value("DELAY", model::PacketAction::DELAY)
-      .value("DUPLICATE", model::PacketAction::DUPLICATE);
+      .value("DUPLICATE", model::PacketAction::DUPLICATE)
+      .value("REORDER", model::PacketAction::REORDER);
   py::class_<model::PacketVerdict>(m, "PacketVerdict")
       .def(py::init<>())
-      .def(py::init([](model::PacketAction a, TimeNs d) {
-             return model::PacketVerdict{a, d};
+      .def(py::init([](model::PacketAction a, TimeNs d, TimeNs hold) {
+             return model::PacketVerdict{a, d, hold};
            }),
-           arg("action"), arg("delay_ns") = 0)
+           arg("action"), arg("delay_ns") = 0, arg("hold_ns") = model::PacketVerdict{}.hold_ns)
       .def_readwrite("action", &model::PacketVerdict::action)
-      .def_readwrite("delay_ns", &model::PacketVerdict::delay_ns);
+      .def_readwrite("delay_ns", &model::PacketVerdict::delay_ns)
+      .def_readwrite("hold_ns", &model::PacketVerdict::hold_ns);
   py::class_<model::VerbCall>(m, "VerbCall")
       .def(py::init<>())
       .def_readwrite("host", &model::VerbCall::host)

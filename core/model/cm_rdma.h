@@ -69,6 +69,7 @@ class ModelCmEventChannel final : public ModelObject<CmEventChannel>,
   std::shared_ptr<ModelCmId> adopt_passive();  // the new id of a CONNECT_REQUEST
   uint64_t unacked(uint64_t owner) const;
   size_t unread_connect_requests(uint64_t listen_id) const;
+  size_t live_ids() const { return ids_.size(); }
   // rdma_destroy_id: the id's unread events go (ucma_cleanup_ctx_events); ids of unread
   // CONNECT_REQUESTs of a listener are destroyed with it.
   void forget(uint64_t id);

@@ -58,19 +58,82 @@ void Fabric::send(Packet pkt, const Arrival& on_arrival) {
       nlohmann::json data = packet_json(pkt);
       data["delay_ns"] = verdict.delay_ns;
       env_.fault(pkt.src_host, "fabric", "delay", std::move(data));
-      deliver_at(arrive + std::max<TimeNs>(0, verdict.delay_ns), pkt, on_arrival);
+      const TimeNs t = arrive + std::max<TimeNs>(0, verdict.delay_ns);
+      deliver_at(t, pkt, on_arrival);
+      // It passes when it arrives (the switch forwards it then): what its flow held before it
+      // follows it.
+      if (held_.count(flow_of(pkt)) != 0)
+        env_.runtime.schedule_at(t, [this, pkt, t] { release(pkt, t); });
       return;  // a delayed packet may be overtaken: that is the fault
+    }
+    case PacketAction::REORDER: {
+      nlohmann::json data = packet_json(pkt);
+      data["hold_ns"] = verdict.hold_ns;
+      env_.fault(pkt.src_host, "fabric", "reorder", std::move(data));
+      hold(pkt, on_arrival, arrive + std::max<TimeNs>(0, verdict.hold_ns));
+      return;  // not a passing packet: it releases nothing
     }
     case PacketAction::DUPLICATE:
       env_.fault(pkt.src_host, "fabric", "duplicate", packet_json(pkt));
       last_arrival_[pair] = arrive;
       deliver_at(arrive, pkt, on_arrival);
       deliver_at(arrive, pkt, on_arrival);
+      release(pkt, arrive);
       return;
     case PacketAction::DELIVER:
       last_arrival_[pair] = arrive;
       deliver_at(arrive, pkt, on_arrival);
+      release(pkt, arrive);
       return;
+  }
+}
+
+// A held packet arrives at its deadline unless a later packet of its flow passes first.
+void Fabric::hold(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline) {
+  const Flow flow = flow_of(pkt);
+  Held h{pkt, on_arrival, 0};
+  h.deadline =
+      env_.runtime.schedule_at(deadline, [this, flow, id = pkt.id] { on_deadline(flow, id); });
+  held_[flow].push_back(std::move(h));
+}
+
+void Fabric::on_deadline(const Flow& flow, uint64_t id) {
+  auto it = held_.find(flow);
+  if (it == held_.end()) return;
+  auto& list = it->second;
+  auto h = std::find_if(list.begin(), list.end(), [id](const Held& x) { return x.pkt.id == id; });
+  if (h == list.end()) return;
+  Held mine = std::move(*h);
+  list.erase(h);
+  if (list.empty()) held_.erase(it);
+  nlohmann::json data = packet_json(mine.pkt);
+  data["released_by"] = "deadline";
+  env_.record(mine.pkt.src_host, "fabric", "reorder_release", std::move(data));
+  const TimeNs now = env_.runtime.now_ns();
+  deliver_at(now, mine.pkt, mine.on_arrival);
+  release(mine.pkt, now);  // as the switch: a frame sent at its deadline releases older ones
+}
+
+void Fabric::release(const Packet& pkt, TimeNs t) {
+  auto it = held_.find(flow_of(pkt));
+  if (it == held_.end()) return;
+  std::vector<Held> keep;
+  for (Held& h : it->second) {
+    if (h.pkt.id > pkt.id) {  // held after pkt was sent: waits for a later one
+      keep.push_back(std::move(h));
+      continue;
+    }
+    env_.runtime.cancel(h.deadline);
+    nlohmann::json data = packet_json(h.pkt);
+    data["released_by"] = "packet";
+    data["after"] = pkt.id;
+    env_.record(h.pkt.src_host, "fabric", "reorder_release", std::move(data));
+    deliver_at(t, h.pkt, h.on_arrival);  // same time, scheduled after pkt's arrival: FIFO
+  }
+  if (keep.empty()) {
+    held_.erase(it);
+  } else {
+    it->second = std::move(keep);
   }
 }
 

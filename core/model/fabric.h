@@ -1,8 +1,9 @@
 // The model fabric: carries packets between hosts with latency, jitter and loss, and lets the
-// wire-fault hook drop, delay or duplicate each one. It knows nothing of transports: a sender
-// gives the header the hook sees and what to do on arrival (TigerBeetle's packet simulator).
+// wire-fault hook drop, delay, duplicate or reorder each one. It knows nothing of transports: a
+// sender gives the header the hook sees and what to do on arrival (TigerBeetle's packet
+// simulator).
 // Order between a pair of hosts is kept (IB and RoCE deliver in order); only an explicit DELAY
-// verdict can reorder.
+// or REORDER verdict can reorder.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,9 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "model/env.h"
 #include "rdmalab/model.h"
@@ -40,9 +43,23 @@ class Fabric {
   static constexpr const char* kHostDown = "host down";
 
  private:
+  // The flow a REORDER waits on, as the switch's flow_key: one QP's packets between two hosts
+  // (the iWARP CM's TCP packets carry dest_qpn 0: one flow per host pair).
+  using Flow = std::tuple<std::string, std::string, uint32_t>;
+  struct Held {
+    Packet pkt;
+    Arrival on_arrival;
+    SimRuntime::TimerId deadline = 0;
+  };
+
   static const char* drop_fault(const char* why);
+  static Flow flow_of(const Packet& p) { return {p.src_host, p.dst_host, p.dest_qpn}; }
   void lose(const Packet& pkt, const std::string& why, const std::string& fault_name);
   void deliver_at(TimeNs t, const Packet& pkt, const Arrival& on_arrival);
+  void hold(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline);
+  void on_deadline(const Flow& flow, uint64_t id);
+  // pkt passed at arrival time t: the packets of its flow held before it arrive right after it.
+  void release(const Packet& pkt, TimeNs t);
   TimeNs base_latency();
 
   Env& env_;
@@ -51,6 +68,7 @@ class Fabric {
   LinkUp link_up_;
   uint64_t next_packet_id_ = 1;
   std::map<std::pair<std::string, std::string>, TimeNs> last_arrival_;  // per (src, dst)
+  std::map<Flow, std::vector<Held>> held_;                              // REORDER, sent order
 };
 
 nlohmann::json packet_json(const Packet& p);

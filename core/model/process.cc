@@ -102,6 +102,22 @@ void ModelProcess::shutdown() {
   contexts_.clear();
 }
 
+std::map<std::string, uint64_t> ModelProcess::kernel_objects() const {
+  static constexpr const char* kKind[] = {"qp", "srq", "cq", "mr", "pd", "xrcd"};  // by Rank
+  std::map<std::string, uint64_t> out;
+  for (const auto& ch : channels_) {
+    if (size_t n = ch->live_ids()) out["cm_id"] += n;
+  }
+  for (const auto& ctx : contexts_) {
+    if (ctx->destroyed()) continue;
+    ++out["ctx"];
+    for (const auto& o : ctx->owned()) {
+      if (o->owned_live()) ++out[kKind[static_cast<int>(o->rank())]];
+    }
+  }
+  return out;
+}
+
 std::string ModelProcess::dump() const {
   std::ostringstream out;
   out << "  " << label() << " pid " << pid_ << (alive_ ? "" : " (killed)") << "\n";

@@ -27,6 +27,7 @@ class ModelProcess final : public Process {
   std::shared_ptr<Context> open_device(const std::string& device_name) override;
   std::shared_ptr<CmEventChannel> create_event_channel() override;
   void kill() override;
+  std::map<std::string, uint64_t> kernel_objects() const override;
   // Reboot: dies as kill() does, recorded as part of the host fault, not as a "kill" fault.
   void crash();
   // The context librdmacm opens for the process's rdma_cm ids (one, opened on first use).

@@ -56,6 +56,11 @@ void LocalProcess::kill() {
               "proc:" + name_ + " is the harness process itself; kill needs the VM lab");
 }
 
+std::map<std::string, uint64_t> LocalProcess::kernel_objects() const {
+  throw Error("kernel_objects", EOPNOTSUPP,
+              "proc:" + name_ + ": the harness does not read rdma res of its own process");
+}
+
 void LocalProcess::shutdown() {
   std::vector<std::shared_ptr<VerbsContext>> contexts;
   std::vector<std::shared_ptr<VerbsCmEventChannel>> channels;

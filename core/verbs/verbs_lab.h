@@ -26,6 +26,8 @@ class LocalProcess final : public Process {
   std::shared_ptr<CmEventChannel> create_event_channel() override;
   // A process that is this process cannot be SIGKILLed: EOPNOTSUPP.
   void kill() override;
+  // EOPNOTSUPP: `rdma res show` on the host sees it (the VM lab asks the guest).
+  std::map<std::string, uint64_t> kernel_objects() const override;
   // Lab shutdown: releases its rdma_cm channels, then closes its contexts, newest first.
   void shutdown();
 

@@ -3,6 +3,7 @@
 // implement this; scenarios see only this interface.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ class Process {
   // SIGKILL: the kernel releases every handle the process held (uverbs cleanup), without
   // waiting for event acks; objects shared with other processes live on by their own rules.
   virtual void kill() = 0;
+  // What the kernel holds for the process, by kind as `rdma res show` names them (ctx, pd,
+  // cq, qp, srq, mr, cm_id, xrcd); kinds with none left out. EOPNOTSUPP where the backend
+  // cannot see it.
+  virtual std::map<std::string, uint64_t> kernel_objects() const = 0;
 };
 
 class Host {

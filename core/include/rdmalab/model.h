@@ -60,10 +60,14 @@ struct Packet {
   uint16_t mad_attr_id = 0;  // CM MADs (0x10 REQ ... 0x16 DREP)
 };
 
-enum class PacketAction { DELIVER, DROP, DELAY, DUPLICATE };
+// REORDER is the fault switch's reorder (faults/rules.h): the packet is held until the next
+// packet of its flow (same src_host, dst_host and dest_qpn) passes and then arrives right after
+// it, or arrives hold_ns after it would have.
+enum class PacketAction { DELIVER, DROP, DELAY, DUPLICATE, REORDER };
 struct PacketVerdict {
   PacketAction action = PacketAction::DELIVER;
-  TimeNs delay_ns = 0;
+  TimeNs delay_ns = 0;              // DELAY
+  TimeNs hold_ns = 100 * kNsPerMs;  // REORDER: the switch's default hold
 };
 using PacketHook = std::function<PacketVerdict(const Packet&)>;
 

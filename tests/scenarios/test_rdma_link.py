@@ -1,0 +1,29 @@
+"""`rdma link delete` and `rdma link add` as faults of their own (issue 5): a soft device
+(rxe, siw) removed while nothing on the host has it open goes at once; libibverbs lists it
+no more and an open fails; added back, it is usable again: a new connection carries data.
+(A removal while a context is open is test_async_events' device-removal scenario.)"""
+
+import pytest
+
+from rdmalab import Error, sec
+from rdmalab.resources import CmPair
+
+
+def test_rdma_link_delete_then_add(lab):
+    host = lab.host("a")
+    name = host.devices[0]
+    lab.faults.rdma_link_delete("a")
+    lab.wait_until(lambda: name not in lab.host("a").devices, sec(5) + lab.tolerance_ns,
+                   f"{name} gone from a's device list")
+    with pytest.raises(Error) as e:
+        lab.host("a").process("late").open_device(name)
+    assert e.value.errno_name == "ENODEV"
+
+    lab.faults.rdma_link_add("a")
+    assert name in lab.host("a").devices
+    pair = CmPair(lab)
+    pair.server.post_recv(length=64)
+    pair.client.post_send(length=64)
+    assert pair.server.wait_completions(1) and pair.client.wait_completions(1), \
+        "no data over a connection on the device added back"
+    pair.close()
