@@ -136,6 +136,11 @@ json Switch::counters_json() const {
                   {"peer_down", fwd_.peer_down},
                   {"send_errors", fwd_.send_errors},
                   {"released", fwd_.released},
+                  {"released_by",
+                   {{"delay_elapsed", fwd_.delay_elapsed},
+                    {"next_frame", fwd_.next_frame},
+                    {"hold_deadline", fwd_.hold_deadline}}},
+                  {"dropped_at_shutdown", fwd_.dropped_at_shutdown},
                   {"pending", pending_.size()},
                   {"pcap_errors", fwd_.pcap_errors}};
   return c;

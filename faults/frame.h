@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "faults/bytes.h"
+#include "rdmalab/types.h"  // cm_attr_name, cm_attr_id: one CM attribute table with the model
 
 namespace rdmalab::faults {
 
@@ -183,11 +184,11 @@ struct Frame {
 
 Frame parse(Bytes frame);
 
-// Names as the specifications spell them; nullptr where the value has no name.
+// Names as the specifications spell them; nullptr where the value has no name. CM attribute
+// IDs: rdmalab::cm_attr_name (rdmalab/types.h).
 const char* bth_opcode_name(uint8_t opcode);     // "SEND_ONLY", ... (the operation, any transport)
 const char* bth_transport_name(uint8_t opcode);  // "RC", "UC", "RD", "UD", "CNP", "XRC"
 const char* aeth_syndrome_name(uint8_t syndrome);  // "ACK", "RNR_NAK", "NAK_SEQ", ...
-const char* cm_attr_name(uint16_t attr_id);        // "REQ", ... "DREP", "SIDR_REQ", "LAP", "APR"
 const char* rdmap_opcode_name(uint8_t opcode);     // "RDMA_WRITE", ... "TERMINATE"
 std::string tcp_flags_string(uint8_t flags);       // "FIN|ACK"
 std::string mac_string(const Mac& m);

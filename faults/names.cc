@@ -80,36 +80,6 @@ const char* aeth_syndrome_name(uint8_t syndrome) {
   }
 }
 
-// CM attribute IDs (IBTA vol. 1 ch. 12; kernel include/rdma/ib_cm.h).
-const char* cm_attr_name(uint16_t attr_id) {
-  switch (attr_id) {
-    case 0x10:
-      return "REQ";
-    case 0x11:
-      return "MRA";
-    case 0x12:
-      return "REJ";
-    case 0x13:
-      return "REP";
-    case 0x14:
-      return "RTU";
-    case 0x15:
-      return "DREQ";
-    case 0x16:
-      return "DREP";
-    case 0x17:
-      return "SIDR_REQ";
-    case 0x18:
-      return "SIDR_REP";
-    case 0x19:
-      return "LAP";
-    case 0x1A:
-      return "APR";
-    default:
-      return nullptr;
-  }
-}
-
 // RFC 5040 4.2 (siw iwarp.h enum rdma_opcode).
 const char* rdmap_opcode_name(uint8_t opcode) {
   switch (opcode) {

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "rdmalab/types.h"
+
 namespace rdmalab::faults {
 namespace {
 
@@ -58,10 +60,10 @@ bool one_of(const std::string& s, const std::array<const char*, N>& names) {
   return std::any_of(names.begin(), names.end(), [&](const char* n) { return s == n; });
 }
 
-std::optional<uint16_t> cm_attr_by_name(const std::string& s) {
-  for (uint16_t id = 0x10; id <= 0x1A; ++id)
-    if (s == cm_attr_name(id)) return id;
-  return std::nullopt;
+std::string cm_attr_names() {
+  std::string s;
+  for (const CmAttr& a : kCmAttrs) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
 }
 
 uint8_t parse_tcp_flags(const json& v, const std::string& field) {
@@ -150,10 +152,8 @@ bool parse_match_key(Match& m, const std::string& key, const json& v, const std:
   } else if (key == "mad_attr_id" || key == "cm") {
     uint16_t id = 0;
     if (key == "cm") {
-      const auto a = cm_attr_by_name(get_string(v, field));
-      if (!a)
-        fail(field, "unknown CM message " + v.dump() +
-                        " (REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP, LAP, APR)");
+      const auto a = cm_attr_id(get_string(v, field));
+      if (!a) fail(field, "unknown CM message " + v.dump() + " (" + cm_attr_names() + ")");
       id = *a;
       m.cm_class = true;
       if (m.opcode && *m.opcode != "MAD") fail(field, "conflicts with opcode " + *m.opcode);

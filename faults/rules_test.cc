@@ -41,7 +41,9 @@ TEST(RuleParse, ErrorsNameTheField) {
       {{{"action", "drop"}, {"dest_qpn", "x"}}, "rule.dest_qpn: expected an integer, got a string"},
       {{{"action", "drop"}, {"dest_qpn", 1 << 24}}, "rule.dest_qpn: expected at most 16777215"},
       {{{"action", "drop"}, {"bogus", 1}}, "rule.bogus: unknown key"},
-      {{{"action", "drop"}, {"cm", "HELLO"}}, "rule.cm: unknown CM message"},
+      {{{"action", "drop"}, {"cm", "HELLO"}},
+       "rule.cm: unknown CM message \"HELLO\" (REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, "
+       "SIDR_REP, LAP, APR)"},
       {{{"action", "drop"}, {"opcode", "SEND_SOMETIMES"}}, "rule.opcode: unknown opcode"},
       {{{"action", "drop"}, {"cm", "DREP"}, {"opcode", "SEND_ONLY"}}, "rule.opcode: conflicts"},
       {{{"action", "drop"}, {"syndrome", "MAYBE"}}, "rule.syndrome: unknown AETH syndrome"},
@@ -66,6 +68,16 @@ TEST(RuleParse, ErrorsNameTheField) {
     const std::string got = rule_error(rule);
     EXPECT_EQ(got.rfind(want, 0), 0u) << rule.dump() << "\n  got: " << got;
   }
+}
+
+// cm= takes every name of the CM attribute table (rdmalab/types.h) the switch names frames by.
+TEST(RuleParse, CmTakesEveryCmAttributeName) {
+  for (const CmAttr& a : kCmAttrs) {
+    const Rule r = parse_rule({{"action", "drop"}, {"cm", a.name}});
+    EXPECT_EQ(r.match.mad_attr_id, a.id) << a.name;
+    EXPECT_STREQ(cm_attr_name(a.id), a.name);
+  }
+  EXPECT_EQ(parse_rule({{"action", "drop"}, {"cm", "SIDR_REP"}}).match.mad_attr_id, 0x18);
 }
 
 TEST(RuleParse, ValidRules) {

@@ -81,7 +81,7 @@ std::optional<Decision> RuleSet::decide(const Frame& f, uint64_t now_ns) {
   for (Entry& e : rules_) {
     if (!takes(e, f)) continue;
     const Rule& r = e.rule;
-    Decision d{r.id, r.action, r.delay_ns, r.hold_ns, r.corrupt};
+    Decision d{r.id, r.action, r.delay_ns, r.hold_ns, r.corrupt, 0};
     ++actions_[action_name(r.action)];
     json rec = {
         {"t_ns", now_ns}, {"rule", r.id}, {"action", action_name(r.action)}, {"frame", summary(f)}};
@@ -102,11 +102,21 @@ std::optional<Decision> RuleSet::decide(const Frame& f, uint64_t now_ns) {
       case Action::kWatch:
         break;
     }
-    record(std::move(rec));
+    d.record_seq = record(std::move(rec));
     if (r.action == Action::kWatch) continue;  // seen, not decided: the next rules still apply
     return d;
   }
   return std::nullopt;
+}
+
+void RuleSet::record_release(uint64_t rule_id, uint64_t of_seq, const char* reason,
+                             uint64_t held_ns, uint64_t now_ns) {
+  record({{"t_ns", now_ns},
+          {"rule", rule_id},
+          {"action", "release"},
+          {"of_seq", of_seq},
+          {"reason", reason},
+          {"held_ns", held_ns}});
 }
 
 void RuleSet::annotate_last(const std::string& key, json value) {
@@ -136,13 +146,15 @@ void RuleSet::count_frame(const Frame& f) {
   }
 }
 
-void RuleSet::record(json rec) {
-  rec["seq"] = next_seq_++;
+uint64_t RuleSet::record(json rec) {
+  const uint64_t seq = next_seq_++;
+  rec["seq"] = seq;
   history_.push_back(std::move(rec));
   if (history_.size() > history_cap_) {
     history_.pop_front();
     ++evicted_;
   }
+  return seq;
 }
 
 json RuleSet::rules_json() const {

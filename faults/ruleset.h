@@ -21,6 +21,7 @@ struct Decision {
   uint64_t delay_ns = 0;  // delay
   uint64_t hold_ns = 0;   // reorder
   CorruptSpec corrupt;
+  uint64_t record_seq = 0;  // the history record of this decision (a release names it)
 };
 
 class RuleSet {
@@ -40,6 +41,10 @@ class RuleSet {
   // Adds what the switch did with the last decision to its record (corrupt: the byte flipped
   // and the checks recomputed).
   void annotate_last(const std::string& key, nlohmann::json value);
+  // A delayed or held frame leaving the switch (switch.h, "release" records): the rule that
+  // kept it, the seq of the record that decided it, why it left now, and how long it was kept.
+  void record_release(uint64_t rule_id, uint64_t of_seq, const char* reason, uint64_t held_ns,
+                      uint64_t now_ns);
   // A frame too short to carry an Ethernet header: it cannot be switched.
   void count_unroutable() {
     ++frames_;
@@ -61,7 +66,7 @@ class RuleSet {
   };
   bool takes(Entry& e, const Frame& f);
   void count_frame(const Frame& f);
-  void record(nlohmann::json rec);
+  uint64_t record(nlohmann::json rec);  // returns the record's seq
 
   uint64_t seed_;
   size_t history_cap_;

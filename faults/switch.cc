@@ -105,6 +105,23 @@ Switch::~Switch() {
 
 void Switch::run() {
   while (!stopped_) poll_once(UINT64_MAX);
+  shutdown();
+}
+
+// Frames still kept when the switch stops are dropped, not sent: sending them now would cut
+// the delay or undo the reorder the rule asked for, and the peers are going away with the
+// switch. Each still gets its release record, so every delay and reorder record has exactly
+// one; nobody reads the history of a stopping switch, hence the line on stderr too.
+void Switch::shutdown() {
+  if (pending_.empty()) return;
+  const uint64_t now = monotonic_ns();
+  for (const auto& [due, id] : timers_)  // in the order they were due to leave
+    note_release(pending_.at(id), Release::kShutdown, now);
+  std::fprintf(stderr, "switch: %zu delayed or held frame(s) dropped at shutdown\n",
+               pending_.size());
+  timers_.clear();
+  pending_.clear();
+  held_.clear();
 }
 
 uint64_t Switch::next_timeout_ns(uint64_t max_wait_ns, uint64_t now_ns) const {
@@ -201,25 +218,22 @@ void Switch::on_frame(std::vector<uint8_t> frame, std::string sender) {
   const std::optional<Decision> d = rules_.decide(f, now);
   const uint64_t seq = ++recv_seq_;
   std::string flow = flow_key(f, frame);
-  if (!d) return forward(frame, sender, flow, seq);
+  if (!d) return forward(frame, sender, flow, seq, now);
   switch (d->action) {
     case Action::kWatch:  // decide() never returns one
     case Action::kDrop:
       return;
     case Action::kDelay:
-      return schedule(std::move(frame), std::move(sender), std::move(flow), seq, now + d->delay_ns,
-                      false);
     case Action::kReorder:
-      return schedule(std::move(frame), std::move(sender), std::move(flow), seq, now + d->hold_ns,
-                      true);
+      return schedule(std::move(frame), std::move(sender), std::move(flow), seq, now, *d);
     case Action::kDuplicate:
       deliver(frame, sender);
-      return forward(frame, sender, flow, seq);
+      return forward(frame, sender, flow, seq, now);
     case Action::kCorrupt: {
       const CorruptResult r = corrupt(frame, f, d->corrupt);
       rules_.annotate_last("corrupted",
                            {{"frame_offset", r.frame_offset}, {"recomputed", r.recomputed}});
-      return forward(frame, sender, flow, seq);
+      return forward(frame, sender, flow, seq, now);
     }
   }
 }
@@ -270,22 +284,55 @@ void Switch::deliver(const std::vector<uint8_t>& frame, const std::string& sende
 }
 
 void Switch::forward(const std::vector<uint8_t>& frame, const std::string& sender,
-                     const std::string& flow, uint64_t recv_seq) {
+                     const std::string& flow, uint64_t recv_seq, uint64_t now_ns) {
   deliver(frame, sender);
-  release_held(flow, recv_seq);
+  release_held(flow, recv_seq, now_ns);
 }
 
 void Switch::schedule(std::vector<uint8_t> frame, std::string sender, std::string flow,
-                      uint64_t recv_seq, uint64_t due_ns, bool held) {
+                      uint64_t recv_seq, uint64_t now_ns, const Decision& d) {
+  const bool held = d.action == Action::kReorder;
   const uint64_t id = next_pending_++;
   if (held) held_[flow].push_back(id);
-  Pending p{std::move(frame), std::move(sender), std::move(flow), recv_seq, held, {}};
-  p.timer = timers_.emplace(due_ns, id);  // equal due times keep their order
+  Pending p{.frame = std::move(frame),
+            .sender = std::move(sender),
+            .flow = std::move(flow),
+            .recv_seq = recv_seq,
+            .held = held,
+            .rule = d.rule_id,
+            .of_seq = d.record_seq,
+            .since_ns = now_ns,
+            // Equal due times keep their order.
+            .timer = timers_.emplace(now_ns + (held ? d.hold_ns : d.delay_ns), id)};
   pending_.emplace(id, std::move(p));
 }
 
+void Switch::note_release(const Pending& p, Release why, uint64_t now_ns) {
+  const char* reason = "?";
+  switch (why) {
+    case Release::kDelayElapsed:
+      reason = "delay_elapsed";
+      ++fwd_.delay_elapsed;
+      break;
+    case Release::kNextFrame:
+      reason = "next_frame";
+      ++fwd_.next_frame;
+      break;
+    case Release::kHoldDeadline:
+      reason = "hold_deadline";
+      ++fwd_.hold_deadline;
+      break;
+    case Release::kShutdown:
+      reason = "dropped_at_shutdown";
+      ++fwd_.dropped_at_shutdown;
+      break;
+  }
+  if (why != Release::kShutdown) ++fwd_.released;
+  rules_.record_release(p.rule, p.of_seq, reason, now_ns - p.since_ns, now_ns);
+}
+
 // A frame of the flow passed: frames held before it go right after it, in their order.
-void Switch::release_held(const std::string& flow, uint64_t before_seq) {
+void Switch::release_held(const std::string& flow, uint64_t before_seq, uint64_t now_ns) {
   const auto it = held_.find(flow);
   if (it == held_.end()) return;
   std::vector<uint64_t> keep;
@@ -296,7 +343,7 @@ void Switch::release_held(const std::string& flow, uint64_t before_seq) {
       continue;
     }
     timers_.erase(p->second.timer);
-    ++fwd_.released;
+    note_release(p->second, Release::kNextFrame, now_ns);
     deliver(p->second.frame, p->second.sender);
     pending_.erase(p);
   }
@@ -318,8 +365,9 @@ void Switch::fire_timers(uint64_t now_ns) {
       std::erase(ids, id);
       if (ids.empty()) held_.erase(p.flow);
     }
-    ++fwd_.released;
-    forward(p.frame, p.sender, p.flow, p.recv_seq);
+    // Recorded before forward(): frames it lets go after it are recorded after it.
+    note_release(p, p.held ? Release::kHoldDeadline : Release::kDelayElapsed, now_ns);
+    forward(p.frame, p.sender, p.flow, p.recv_seq, now_ns);
   }
 }
 

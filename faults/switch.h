@@ -18,6 +18,16 @@
 // e.g. {"op":"add_rule","rule":{"action":"drop","cm":"DREP"}} -> {"ok":true,"id":1}. A line that
 // is not a valid request gets an error reply and the connection stays usable; a line longer
 // than max_line gets an error reply and the connection is closed.
+//
+// History records have seq, t_ns (CLOCK_MONOTONIC), rule and action. A rule's action is recorded
+// when it takes a frame ("drop", "delay", ... with the frame's summary). A delayed or held frame
+// gets a second record when it leaves the switch: action "release", of_seq (the seq of the
+// "delay" or "reorder" record that kept it), reason ("delay_elapsed"; "next_frame": a later
+// frame of its flow passed; "hold_deadline"; "dropped_at_shutdown": still kept when the switch
+// stopped, never sent) and held_ns (t_ns of the release minus t_ns of that record). Releases are
+// recorded in the order the frames are sent. Counters: forward.released counts the frames sent
+// after a delay or hold, forward.released_by splits them by reason, and
+// forward.dropped_at_shutdown counts the rest.
 #pragma once
 
 #include <sys/types.h>
@@ -56,10 +66,13 @@ class Switch {
   Switch(const Switch&) = delete;
   Switch& operator=(const Switch&) = delete;
 
-  void run();  // until stop_fd is readable, the parent is gone, or stop()
+  void run();  // until stop_fd is readable, the parent is gone, or stop(); then shutdown()
   // One round of the loop: waits at most max_wait_ns (less when a timer is due).
   void poll_once(uint64_t max_wait_ns);
   void stop() { stopped_ = true; }
+  // Drops the frames still delayed or held, recording a release for each (reason
+  // "dropped_at_shutdown"); the switch keeps working after it.
+  void shutdown();
   bool stopped() const { return stopped_; }
 
   nlohmann::json handle(const nlohmann::json& request);  // one control request, its reply
@@ -78,8 +91,12 @@ class Switch {
     std::string flow;
     uint64_t recv_seq = 0;
     bool held = false;  // reorder: released by the next frame of its flow, or at the deadline
+    uint64_t rule = 0, of_seq = 0;  // the decision's rule and history record
+    uint64_t since_ns = 0;          // when it was received (t_ns of that record)
     std::multimap<uint64_t, uint64_t>::iterator timer;
   };
+  // Why a delayed or held frame left: the "reason" of its release record.
+  enum class Release : uint8_t { kDelayElapsed, kNextFrame, kHoldDeadline, kShutdown };
 
   // data path (switch.cc)
   void pump_data();
@@ -89,10 +106,11 @@ class Switch {
                                         const std::string& sender);
   void deliver(const std::vector<uint8_t>& frame, const std::string& sender);
   void forward(const std::vector<uint8_t>& frame, const std::string& sender,
-               const std::string& flow, uint64_t recv_seq);
+               const std::string& flow, uint64_t recv_seq, uint64_t now_ns);
   void schedule(std::vector<uint8_t> frame, std::string sender, std::string flow, uint64_t recv_seq,
-                uint64_t due_ns, bool held);
-  void release_held(const std::string& flow, uint64_t before_seq);
+                uint64_t now_ns, const Decision& d);
+  void release_held(const std::string& flow, uint64_t before_seq, uint64_t now_ns);
+  void note_release(const Pending& p, Release why, uint64_t now_ns);  // records and counts
   void fire_timers(uint64_t now_ns);
   uint64_t next_timeout_ns(uint64_t max_wait_ns, uint64_t now_ns) const;
 
@@ -120,6 +138,7 @@ class Switch {
   struct {
     uint64_t received = 0, no_sender = 0, sent = 0, flooded = 0, peer_down = 0, send_errors = 0,
              released = 0, pcap_errors = 0;
+    uint64_t delay_elapsed = 0, next_frame = 0, hold_deadline = 0, dropped_at_shutdown = 0;
   } fwd_;
 };
 

@@ -150,6 +150,7 @@ class SwitchTest : public ::testing::Test {
     return c.eof;
   }
   json counters() { return sw_->handle({{"op", "counters"}})["counters"]; }
+  json records() { return sw_->handle({{"op", "history"}})["records"]; }
   uint64_t add_rule(const json& rule) {
     const json r = sw_->handle({{"op", "add_rule"}, {"rule", rule}});
     EXPECT_EQ(r["ok"], true) << r.dump();
@@ -166,6 +167,16 @@ class SwitchTest : public ::testing::Test {
   std::unique_ptr<Vm> vm1_, vm2_, vm3_;
   std::unique_ptr<Switch> sw_;
 };
+
+// rec: the release of the frame that kept (its delay or reorder record) kept.
+void expect_release(const json& rec, const json& kept, uint64_t rule, const std::string& reason) {
+  SCOPED_TRACE(rec.dump());
+  EXPECT_EQ(rec["action"], "release");
+  EXPECT_EQ(rec["rule"], rule);
+  EXPECT_EQ(rec["of_seq"], kept["seq"]);
+  EXPECT_EQ(rec["reason"], reason);
+  EXPECT_EQ(rec["held_ns"], rec["t_ns"].get<uint64_t>() - kept["t_ns"].get<uint64_t>());
+}
 
 TEST_F(SwitchTest, LearnsFloodsAndForwards) {
   start();
@@ -259,7 +270,8 @@ TEST_F(SwitchTest, DropCmDrepDropsOnlyDrepsAndRecordsIt) {
 TEST_F(SwitchTest, DelayReleasesAfterDelayNs) {
   start();
   learn_b();
-  add_rule({{"action", "delay"}, {"delay_ns", 40 * kMs}, {"opcode", "SEND_ONLY"}});
+  const uint64_t id =
+      add_rule({{"action", "delay"}, {"delay_ns", 40 * kMs}, {"opcode", "SEND_ONLY"}});
   const Frame8 send = send_only_to_0x12(), other = unicast(kMacB, kMacA, 9);
   const uint64_t t0 = monotonic_ns();
   vm1_->send(sock(), send);
@@ -267,7 +279,15 @@ TEST_F(SwitchTest, DelayReleasesAfterDelayNs) {
   EXPECT_EQ(recv(*vm2_), other);  // overtakes the delayed frame
   EXPECT_EQ(recv(*vm2_), send);
   EXPECT_GE(monotonic_ns() - t0, 40 * kMs);
-  EXPECT_EQ(counters()["forward"]["released"], 1);
+  const json fwd = counters()["forward"];
+  EXPECT_EQ(fwd["released"], 1);
+  EXPECT_EQ(fwd["released_by"]["delay_elapsed"], 1);
+  const json r = records();
+  ASSERT_EQ(r.size(), 2u) << r.dump();
+  EXPECT_EQ(r[0]["action"], "delay");
+  EXPECT_EQ(r[0]["rule"], id);
+  expect_release(r[1], r[0], id, "delay_elapsed");
+  EXPECT_GE(r[1]["held_ns"], 40 * kMs);
 }
 
 TEST_F(SwitchTest, DuplicateSendsTwice) {
@@ -294,25 +314,106 @@ Frame8 send_psn(uint32_t psn) {
 TEST_F(SwitchTest, ReorderSwapsTwoFramesOfAFlow) {
   start();
   learn_b();
-  add_rule(
+  const uint64_t id = add_rule(
       {{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"count", 1}, {"hold_ns", 10'000 * kMs}});
   vm1_->send(sock(), send_psn(1));
   EXPECT_TRUE(quiet(*vm2_));  // held
   vm1_->send(sock(), send_psn(2));
   EXPECT_EQ(parse(*recv(*vm2_)).bth->psn, 2u);
   EXPECT_EQ(parse(*recv(*vm2_)).bth->psn, 1u);
-  EXPECT_EQ(counters()["forward"]["pending"], 0);
+  const json fwd = counters()["forward"];
+  EXPECT_EQ(fwd["pending"], 0);
+  EXPECT_EQ(fwd["released"], 1);
+  EXPECT_EQ(fwd["released_by"]["next_frame"], 1);
+  const json r = records();
+  ASSERT_EQ(r.size(), 2u) << r.dump();
+  EXPECT_EQ(r[0]["action"], "reorder");
+  EXPECT_EQ(r[0]["frame"]["psn"], 1);
+  expect_release(r[1], r[0], id, "next_frame");
+  EXPECT_LT(r[1]["held_ns"], 10'000 * kMs);
+}
+
+// Two frames held, then one passes: both go after it, oldest first, and are recorded so.
+TEST_F(SwitchTest, ReorderReleasesEveryHeldFrameInOrder) {
+  start();
+  learn_b();
+  const uint64_t id = add_rule(
+      {{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"count", 2}, {"hold_ns", 10'000 * kMs}});
+  vm1_->send(sock(), send_psn(1));
+  vm1_->send(sock(), send_psn(2));
+  EXPECT_TRUE(quiet(*vm2_));
+  vm1_->send(sock(), send_psn(3));
+  for (uint32_t psn : {3u, 1u, 2u}) EXPECT_EQ(parse(*recv(*vm2_)).bth->psn, psn);
+  const json r = records();
+  ASSERT_EQ(r.size(), 4u) << r.dump();
+  expect_release(r[2], r[0], id, "next_frame");
+  expect_release(r[3], r[1], id, "next_frame");
+  EXPECT_EQ(r[2]["t_ns"], r[3]["t_ns"]);
 }
 
 TEST_F(SwitchTest, ReorderReleasesAtTheDeadline) {
   start();
   learn_b();
-  add_rule({{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"hold_ns", 30 * kMs}});
+  const uint64_t id =
+      add_rule({{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"hold_ns", 30 * kMs}});
   const uint64_t t0 = monotonic_ns();
   vm1_->send(sock(), send_psn(1));
   const auto f = recv(*vm2_);
   ASSERT_TRUE(f);
   EXPECT_GE(monotonic_ns() - t0, 30 * kMs);
+  EXPECT_EQ(counters()["forward"]["released_by"]["hold_deadline"], 1);
+  const json r = records();
+  ASSERT_EQ(r.size(), 2u) << r.dump();
+  EXPECT_EQ(r[0]["action"], "reorder");
+  expect_release(r[1], r[0], id, "hold_deadline");
+  EXPECT_GE(r[1]["held_ns"], 30 * kMs);
+}
+
+// A delayed frame that leaves lets the frame held before it in its flow go: the delay's
+// release is recorded first, as the frames are sent.
+TEST_F(SwitchTest, DelayedFrameReleasesAHeldOne) {
+  start();
+  learn_b();
+  const uint64_t hold = add_rule(
+      {{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"count", 1}, {"hold_ns", 10'000 * kMs}});
+  const uint64_t delay =
+      add_rule({{"action", "delay"}, {"delay_ns", 20 * kMs}, {"opcode", "SEND_ONLY"}});
+  vm1_->send(sock(), send_psn(1));  // held
+  vm1_->send(sock(), send_psn(2));  // the reorder's count is spent: delayed
+  EXPECT_EQ(parse(*recv(*vm2_)).bth->psn, 2u);
+  EXPECT_EQ(parse(*recv(*vm2_)).bth->psn, 1u);
+  const json r = records();
+  ASSERT_EQ(r.size(), 4u) << r.dump();
+  EXPECT_EQ(r[0]["action"], "reorder");
+  EXPECT_EQ(r[1]["action"], "delay");
+  expect_release(r[2], r[1], delay, "delay_elapsed");
+  expect_release(r[3], r[0], hold, "next_frame");
+  EXPECT_EQ(r[2]["t_ns"], r[3]["t_ns"]);
+}
+
+// What is still delayed or held when the switch stops is dropped, and recorded so.
+TEST_F(SwitchTest, PendingFramesAreDroppedAtShutdown) {
+  start();
+  learn_b();
+  const uint64_t delay = add_rule(
+      {{"action", "delay"}, {"delay_ns", 10'000 * kMs}, {"opcode", "SEND_ONLY"}, {"count", 1}});
+  const uint64_t hold =
+      add_rule({{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"hold_ns", 10'000 * kMs}});
+  vm1_->send(sock(), send_psn(1));
+  vm1_->send(sock(), send_psn(2));
+  EXPECT_TRUE(quiet(*vm2_));
+  EXPECT_EQ(counters()["forward"]["pending"], 2);
+  sw_->stop();
+  sw_->run();  // returns at once, through shutdown()
+  EXPECT_TRUE(quiet(*vm2_));
+  const json fwd = counters()["forward"];
+  EXPECT_EQ(fwd["pending"], 0);
+  EXPECT_EQ(fwd["released"], 0);
+  EXPECT_EQ(fwd["dropped_at_shutdown"], 2);
+  const json r = records();
+  ASSERT_EQ(r.size(), 4u) << r.dump();
+  expect_release(r[2], r[0], delay, "dropped_at_shutdown");
+  expect_release(r[3], r[1], hold, "dropped_at_shutdown");
 }
 
 TEST_F(SwitchTest, CorruptReachesTheReceiverWithAValidIcrc) {

@@ -72,6 +72,15 @@ E parse(const std::string_view (&names)[N], std::string_view s, const char* what
       "unknown " + std::string(what) + " '" + std::string(s) + "' (allowed: " + allowed + ")");
 }
 
+// Every CM attribute maps to its name and back: no ID nor name twice.
+constexpr bool cm_attrs_round_trip() {
+  for (const CmAttr& a : kCmAttrs) {
+    if (std::string_view(cm_attr_name(a.id)) != a.name || cm_attr_id(a.name) != a.id) return false;
+  }
+  return true;
+}
+static_assert(cm_attrs_round_trip());
+
 }  // namespace
 
 std::string Gid::str() const {

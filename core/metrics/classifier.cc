@@ -4,6 +4,8 @@
 #include <string_view>
 #include <utility>
 
+#include "rdmalab/types.h"
+
 namespace rdmalab::metrics {
 
 namespace {
@@ -31,34 +33,11 @@ int64_t num(const nlohmann::json& data, const char* key, int64_t fallback) {
   return it != data.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
 }
 
-// CM MAD attribute IDs (IBTA Vol 1 table 98; core/model/cm_msg.h).
+// The CM message a MAD carries (rdmalab/types.h kCmAttrs); "MAD" for any other attribute ID.
 std::string cm_message(int64_t attr_id) {
-  switch (attr_id) {
-    case 0x10:
-      return "REQ";
-    case 0x11:
-      return "MRA";
-    case 0x12:
-      return "REJ";
-    case 0x13:
-      return "REP";
-    case 0x14:
-      return "RTU";
-    case 0x15:
-      return "DREQ";
-    case 0x16:
-      return "DREP";
-    case 0x17:
-      return "SIDR_REQ";
-    case 0x18:
-      return "SIDR_REP";
-    case 0x19:
-      return "LAP";
-    case 0x1a:
-      return "APR";
-    default:
-      return "MAD";
-  }
+  const char* name =
+      attr_id >= 0 && attr_id <= 0xFFFF ? cm_attr_name(static_cast<uint16_t>(attr_id)) : nullptr;
+  return name != nullptr ? name : "MAD";
 }
 
 }  // namespace

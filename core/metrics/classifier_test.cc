@@ -150,6 +150,17 @@ TEST(Classifier, FabricFaultsCountAsFaultsAndSwitchFrames) {
   EXPECT_FALSE(frames("none", "none").has_value());  // a reboot is no frame
 }
 
+// A MAD frame is named by the CM attribute table (rdmalab/types.h); other IDs stay "MAD".
+TEST(Classifier, MadFramesNamedByTheCmAttributeTable) {
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", 0x10}}), "REQ");
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", 0x18}}), "SIDR_REP");
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", 0x1A}}), "APR");
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", 0x42}}), "MAD");
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", 0x10010}}), "MAD");  // not 0x10
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}, {"mad_attr_id", -1}}), "MAD");
+  EXPECT_EQ(frame_type({{"opcode", "MAD"}}), "MAD");
+}
+
 TEST(Classifier, CompletionsAsyncEventsAndDrain) {
   Fixture f;
   f.at(1, "a", "qp:3", "wc", {{"status", "SUCCESS"}, {"qp_num", 256}, {"wr_id", 7}});

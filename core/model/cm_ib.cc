@@ -10,23 +10,8 @@
 namespace rdmalab::model {
 
 const char* cm_msg_name(CmMsgType t) {
-  switch (t) {
-    case CmMsgType::REQ:
-      return "REQ";
-    case CmMsgType::MRA:
-      return "MRA";
-    case CmMsgType::REJ:
-      return "REJ";
-    case CmMsgType::REP:
-      return "REP";
-    case CmMsgType::RTU:
-      return "RTU";
-    case CmMsgType::DREQ:
-      return "DREQ";
-    case CmMsgType::DREP:
-      return "DREP";
-  }
-  return "?";
+  const char* name = cm_attr_name(static_cast<uint16_t>(t));
+  return name != nullptr ? name : "?";
 }
 
 const char* to_string(IbCmState s) {

@@ -7,13 +7,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rdmalab/types.h"
 
 namespace rdmalab::model {
 
-// MAD attribute IDs (include/rdma/ib_cm.h CM_*_ATTR_ID).
+// MAD attribute IDs (include/rdma/ib_cm.h CM_*_ATTR_ID): the messages the model sends, with
+// the values of rdmalab/types.h kCmAttrs, whose names cm_msg_name returns.
 enum class CmMsgType : uint16_t {
   REQ = 0x10,
   MRA = 0x11,
@@ -24,7 +26,17 @@ enum class CmMsgType : uint16_t {
   DREP = 0x16,
 };
 
-const char* cm_msg_name(CmMsgType t);
+// The enum spells the IDs again (switch statements want an enum): tie each to the table's name.
+constexpr bool cm_msg_type_is(CmMsgType t, std::string_view name) {
+  const char* n = cm_attr_name(static_cast<uint16_t>(t));
+  return n != nullptr && name == n;
+}
+static_assert(cm_msg_type_is(CmMsgType::REQ, "REQ") && cm_msg_type_is(CmMsgType::MRA, "MRA") &&
+              cm_msg_type_is(CmMsgType::REJ, "REJ") && cm_msg_type_is(CmMsgType::REP, "REP") &&
+              cm_msg_type_is(CmMsgType::RTU, "RTU") && cm_msg_type_is(CmMsgType::DREQ, "DREQ") &&
+              cm_msg_type_is(CmMsgType::DREP, "DREP"));
+
+const char* cm_msg_name(CmMsgType t);  // the table's name: "REQ", ... "DREP"
 
 // What an MRA or REJ names as the message it answers (cm_msgs.h CM_MSG_RESPONSE_*).
 enum class CmMsgResponse : uint8_t { REQ = 0, REP = 1, OTHER = 2 };

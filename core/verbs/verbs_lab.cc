@@ -53,7 +53,7 @@ std::shared_ptr<CmEventChannel> LocalProcess::create_event_channel() {
 
 void LocalProcess::kill() {
   throw Error("kill", EOPNOTSUPP,
-              "proc:" + name_ + " is the harness process itself; kill needs the VM lab");
+              "proc:" + name_ + " lives in the harness's own process (or the host agent's): SIGKILL needs a process of its own, lab.killable_process(host, name)");
 }
 
 std::map<std::string, uint64_t> LocalProcess::kernel_objects() const {

@@ -286,4 +286,40 @@ AsyncEventType async_event_from_string(std::string_view s);
 // The affiliation of each event type (QP_FATAL -> QP, CQ_ERR -> CQ, PORT_ERR -> PORT, ...).
 ObjectKind affiliation(AsyncEventType t);
 
+// IB CM MAD attribute IDs (IBA Vol 1 chapter 12.6; the kernel's include/rdma/ib_cm.h
+// CM_*_ATTR_ID): the one table behind the CM message names of the model, the metrics classifier
+// and the fault switch. constexpr so that model/cm_msg.h can check its enum against it, and so
+// that faults/ needs this header only, none of the base library's objects.
+struct CmAttr {
+  uint16_t id;
+  const char* name;
+};
+inline constexpr std::array<CmAttr, 11> kCmAttrs = {{{0x10, "REQ"},
+                                                     {0x11, "MRA"},
+                                                     {0x12, "REJ"},
+                                                     {0x13, "REP"},
+                                                     {0x14, "RTU"},
+                                                     {0x15, "DREQ"},
+                                                     {0x16, "DREP"},
+                                                     {0x17, "SIDR_REQ"},
+                                                     {0x18, "SIDR_REP"},
+                                                     {0x19, "LAP"},
+                                                     {0x1A, "APR"}}};
+
+// "REQ" for 0x10, ... "APR" for 0x1A; nullptr for an ID that names no CM message.
+constexpr const char* cm_attr_name(uint16_t attr_id) {
+  for (const CmAttr& a : kCmAttrs) {
+    if (a.id == attr_id) return a.name;
+  }
+  return nullptr;
+}
+
+// The inverse: 0x16 for "DREP"; nullopt for a name not in the table.
+constexpr std::optional<uint16_t> cm_attr_id(std::string_view name) {
+  for (const CmAttr& a : kCmAttrs) {
+    if (name == a.name) return a.id;
+  }
+  return std::nullopt;
+}
+
 }  // namespace rdmalab
