@@ -116,6 +116,30 @@ def handlers_serialized(history: list) -> CheckResult:
                        {"objects": len(began), "handlers": sum(len(v) for v in began.values())})
 
 
+def holds_released(history: list) -> CheckResult:
+    """Every packet a wire rule held back (reorder; in the fault switch also delay) was let go
+    exactly once: no frame lost or sent twice by the fault itself. The model names the packet
+    (fault "reorder" / reorder_release data.packet); the switch its record (switch_reorder,
+    switch_delay data.seq / switch_release data.of_seq)."""
+    held, released = {}, {}
+    for r in history:
+        d = r["data"]
+        if r["kind"] == "fault" and d.get("fault") == "reorder" and "packet" in d:
+            held[("model", d["packet"])] = r
+        elif r["kind"] == "reorder_release":
+            released.setdefault(("model", d.get("packet")), []).append(r)
+        elif r["kind"] in ("switch_reorder", "switch_delay"):
+            held[("switch", d.get("seq"))] = r
+        elif r["kind"] == "switch_release":
+            released.setdefault(("switch", d.get("of_seq")), []).append(r)
+    problems = [f"{k[0]} hold {k[1]} ({held[k]['kind']}, t_ns {held[k]['t_ns']}): released "
+                f"{len(released.get(k, []))} times" for k in held if len(released.get(k, [])) != 1]
+    problems += [f"{k[0]} release of {k[1]} with no hold" for k in released if k not in held]
+    if not held:
+        return CheckResult("holds_released", None, ["no held packet in the history"])
+    return CheckResult("holds_released", not problems, problems, {"held": len(held)})
+
+
 def events_for(history: list, host: str, obj: str, kinds=("handler_begin",)) -> list:
     """The event type names that reached an object's handler, in order."""
     return [r["data"].get("event") for r in _of(history, *kinds, host=host, obj=obj)]

@@ -250,3 +250,31 @@ def test_reorder_same_seed_same_history():
 
     first = run()
     assert '"kind":"reorder_release"' in first and first == run()
+
+
+def _rec(n, kind, **data):
+    return {"seq": n, "t_ns": n, "host": "switch", "object": "rule:1", "kind": kind,
+            "data": data}
+
+
+def test_holds_released_checks_each_hold_once():
+    from rdmalab import checks
+    ok = [_rec(0, "switch_reorder", seq=5), _rec(1, "switch_delay", seq=6),
+          _rec(2, "switch_release", of_seq=6), _rec(3, "switch_release", of_seq=5)]
+    assert checks.holds_released(ok)
+    lost = ok[:3]
+    res = checks.holds_released(lost)
+    assert res.valid is False and "hold 5" in res.problems[0]
+    twice = ok + [_rec(4, "switch_release", of_seq=6)]
+    assert checks.holds_released(twice).valid is False
+    stray = ok + [_rec(4, "switch_release", of_seq=9)]
+    assert checks.holds_released(stray).valid is False
+    assert checks.holds_released([]).valid is None
+
+
+def test_holds_released_on_a_model_history():
+    from rdmalab import checks
+    with ib_lab() as lab:
+        reorder_run(lab)
+        res = checks.holds_released(lab.history())
+        assert res and res.details["held"] == 1
