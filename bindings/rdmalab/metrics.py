@@ -24,6 +24,8 @@ which Metrics.set_device_counters(host, ...) exports (the VM lab reads them in e
 
 from __future__ import annotations
 
+import json
+
 import re
 import shutil
 import socket
@@ -41,6 +43,10 @@ RDMA_STATISTIC_TIMEOUT_S = 10.0
 Counters = dict  # {device: {port: {source: {counter: value}}}}
 
 
+# Switch records that are faults on a frame (watch and release are not).
+SWITCH_ACTIONS = ("drop", "delay", "duplicate", "reorder", "corrupt")
+
+
 class Metrics:
     """One registry of engine metrics; attach any number of labs to it."""
 
@@ -48,9 +54,31 @@ class Metrics:
         self._o = _core.Metrics()
 
     def attach(self, lab) -> "Metrics":
-        """Feeds lab's history into these metrics from now on (attach a lab once)."""
-        self._o.attach(lab._o)
+        """Feeds lab's history into these metrics from now on (attach a lab once). A lab whose
+        records live in other machines (the VM lab) is counted when it shuts down, from its
+        merged history: the same classifier, under backend "vm" and its device."""
+        if isinstance(getattr(lab, "_o", None), _core.Lab):
+            self._o.attach(lab._o)
+        elif hasattr(lab, "on_shutdown"):
+            lab.on_shutdown(self.ingest_lab)
+        else:
+            raise TypeError(f"cannot attach {lab!r}: neither an engine lab nor a VM lab")
         return self
+
+    def ingest_lab(self, lab) -> None:
+        """Counts a finished VM lab: its hosts' records through the classifier, the fault
+        switch's actions as frames."""
+        records = lab.history()
+        hosts = [r for r in records if r["host"] != "switch"]
+        self._o.ingest("vm", lab.devices_by_host(),
+                       "\n".join(json.dumps(r, sort_keys=True) for r in hosts))
+        for r in records:
+            action = r["kind"][len("switch_"):] if r["kind"].startswith("switch_") else ""
+            if r["host"] == "switch" and action in SWITCH_ACTIONS:
+                f = r["data"].get("frame", {})
+                kind = f.get("cm") or f.get("opcode") or f.get("rdmap_opcode") or \
+                    f.get("proto") or "other"
+                self.count_frame(str(kind), action, backend="vm")
 
     # -- exposure
     def serve(self, port: int = 0, address: str = "127.0.0.1") -> int:

@@ -53,10 +53,11 @@ def configure(config, specs) -> None:
 
 
 def attach(config, lab) -> None:
-    """Feeds a lab the fixtures made into the session's metrics (engine labs only: a lab in
-    a VM guest records its history there)."""
+    """Feeds a lab the fixtures made into the session's metrics: an engine lab as it runs, a
+    VM lab (its records are in the guests) when it shuts down."""
     plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if plugin is not None and isinstance(getattr(lab, "_o", None), _core.Lab):
+    if plugin is not None and (isinstance(getattr(lab, "_o", None), _core.Lab)
+                               or hasattr(lab, "on_shutdown")):
         plugin.metrics.attach(lab)
 
 

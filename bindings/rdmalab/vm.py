@@ -76,9 +76,33 @@ class VmPool:
             self.boot_s = time.monotonic() - t0
             for vm in self.vmlab.vms:
                 self.agents.append(self._start_agent(vm))
+            self.warm_data_path()
         except BaseException:
             self.close()
             raise
+
+    def warm_data_path(self, vms=None, deadline_s: float = 30.0) -> None:
+        """Each VM (of vms, default all) resolves every other's data address (ARP) before a
+        scenario does: on a just-booted TCG guest the first rdma_resolve_addr otherwise spent
+        over a second on it (seen on siw). Also proves the switch carries frames."""
+        vms = list(vms or self.vmlab.vms)
+        end = time.monotonic() + deadline_s
+        for vm in vms:
+            for peer in self.vmlab.vms:
+                if peer is vm:
+                    continue
+                ip = peer.spec.ip
+                poke = (f"/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_INET, "
+                        f"socket.SOCK_DGRAM).sendto(b'rdmalab', ('{ip}', 9))\"; "
+                        f"ip neigh show {ip} dev {DATA_NETDEV}")
+                while True:
+                    out = vm.run(poke, 30).out
+                    if "REACHABLE" in out or "STALE" in out or "DELAY" in out:
+                        break
+                    if time.monotonic() > end:
+                        raise Hung(f"{vm.spec.name}: ARP {ip}", f"{vm.spec.name} cannot "
+                                   f"resolve {ip} on {DATA_NETDEV} after {deadline_s} s: {out!r}")
+                    time.sleep(0.1)
 
     def start_agent(self, vm) -> Agent:
         """A new agent (its own python process) in vm, over a new SSH session."""
@@ -109,6 +133,7 @@ class VmPool:
             vm.reboot()
             self.used[vm.spec.name] = 0
             self.agents[i] = self._start_agent(vm)
+            self.warm_data_path([vm])
         return healed
 
     @property
@@ -398,6 +423,22 @@ class VmFaults(NoFaults):
         return self._switch_rule("corrupt", match, fields, layer=layer, offset=offset, xor=xor,
                                  count=count)
 
+    def _await_releases(self, deadline_s: float = 5.0) -> list[dict]:
+        """The switch's records once every delayed or held frame has its release record (at
+        most deadline_s: a longer delay is recorded as still pending)."""
+        end = time.monotonic() + deadline_s
+        while True:
+            records = self.switch_history()
+            held = {r.get("seq") for r in records if r.get("action") in ("delay", "reorder")}
+            released = {r.get("of_seq") for r in records if r.get("action") == "release"}
+            if held <= released:
+                return records
+            if time.monotonic() > end:
+                self._lab.record("switch_holds_pending", object="switch",
+                                 seqs=sorted(held - released))
+                return records
+            time.sleep(0.02)
+
     def switch_history(self) -> list[dict]:
         """The switch's records (every rule action) since this lab's first switch rule."""
         if self._control is None:
@@ -459,8 +500,9 @@ class VmFaults(NoFaults):
         self._nft_ready.clear()
         self._rules.clear()
         if self._control is not None:
-            self._switch_records = self.switch_history()  # kept for the lab's history
-            self._control.request("clear")
+            self._control.request("clear")  # no new holds; frames held already still go
+            # Kept for the lab's history, with the release of every frame it held back.
+            self._switch_records = self._await_releases()
             self._control.close()
             self._control = None
         self._switch_rules.clear()
@@ -616,6 +658,7 @@ class VmLab:
         self._records: list[dict] = []
         self._archived: list[dict] = []  # records of agents lost to a reboot or a kill
         self._procs: list[VmProcess] = []  # killable processes (agents of their own)
+        self._shutdown_hooks: list[Callable[["VmLab"], None]] = []
         self._lock = threading.Lock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
@@ -670,6 +713,14 @@ class VmLab:
             if n:
                 out[kind] = n
         return out
+
+    def devices_by_host(self) -> dict[str, str]:
+        """host -> the device label metrics use ("rxe", "siw")."""
+        return {name: self.pool.rdma for name in self._agents}
+
+    def on_shutdown(self, fn: Callable[["VmLab"], None]) -> None:
+        """fn(lab) after the lab has shut down, its history complete (metrics ingest it)."""
+        self._shutdown_hooks.append(fn)
 
     def _archive(self, records: list[dict]) -> None:
         with self._lock:
@@ -772,6 +823,7 @@ class VmLab:
         vm.start()
         boot_s = vm.wait_ready(boot_deadline_s)
         new = self.pool.replace_agent(agent, vm)
+        self.pool.warm_data_path([vm])
         new.new_lab(self.seed, name, self.addresses)
         self.pool.used[vm.spec.name] = 1  # this lab, on a fresh boot
         self._agents[name] = new
@@ -840,6 +892,11 @@ class VmLab:
                 self._faults.restore_devices()  # contexts closed: removals can finish
             except Exception as e:
                 errors.append(e)
+            for hook in self._shutdown_hooks:
+                try:
+                    hook(self)
+                except Exception as e:
+                    errors.append(e)
         if errors:
             raise errors[0]
 

@@ -59,6 +59,8 @@ void bind_metrics(py::module_& m) {
             self.declare_device(Source{backend, device});
           },
           arg("backend"), arg("device"), kRelease)
+      .def("ingest", &Metrics::ingest, arg("backend"), arg("devices"), arg("history_jsonl"),
+           kRelease)
       .def("count_frame", &Metrics::count_frame, arg("backend"), arg("type"), arg("action"),
            kRelease)
       .def("watch_device_counters", &Metrics::watch_device_counters, arg("root"), arg("host"),

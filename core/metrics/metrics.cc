@@ -186,6 +186,30 @@ void Metrics::attach(Lab& lab) {
   });
 }
 
+void Metrics::ingest(const std::string& backend, const std::map<std::string, std::string>& devices,
+                     const std::string& history_jsonl) {
+  Classifier classifier(shared_from_this(), backend, devices);
+  for (const auto& [host, device] : devices) declare_device(Source{backend, device});
+  size_t line_no = 0;
+  size_t start = 0;
+  while (start < history_jsonl.size()) {
+    size_t end = history_jsonl.find('\n', start);
+    if (end == std::string::npos) end = history_jsonl.size();
+    const std::string line = history_jsonl.substr(start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    HistoryRecord r;
+    try {
+      r = HistoryRecord::from_json(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("metrics_ingest", EINVAL,
+                  "history line " + std::to_string(line_no) + ": " + e.what());
+    }
+    classifier.observe(r);
+  }
+}
+
 void Metrics::cm_event(const Source& s, const std::string& event, const std::string& status) {
   cm_events_.Add(with(s, {{"event", bounded(event)}, {"status", bounded(status)}})).Increment();
 }

@@ -68,6 +68,11 @@ class Metrics : public std::enable_shared_from_this<Metrics> {
   // set before keeps being called first). Labels: the lab's backend, each host's device
   // personality. Attach a lab once.
   void attach(Lab& lab);
+  // Feeds a finished history (JSON lines, as Lab.history exports it) of a lab whose records
+  // live elsewhere (the VM lab's guests) through the same classifier. devices: host -> device
+  // label. A malformed line raises Error(EINVAL) naming it; lines before it are counted.
+  void ingest(const std::string& backend, const std::map<std::string, std::string>& devices,
+              const std::string& history_jsonl);
 
   // -- samples (the classifier and the controller call these)
   void cm_event(const Source& s, const std::string& event, const std::string& status);

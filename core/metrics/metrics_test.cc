@@ -192,3 +192,38 @@ TEST(Exposure, LatencyHistogramsUseTheSharedBuckets) {
 
 }  // namespace
 }  // namespace rdmalab::metrics
+
+namespace rdmalab::metrics {
+namespace {
+
+// A history from elsewhere (the VM lab's merged JSON lines) goes through the classifier too.
+TEST(Ingest, CountsAFinishedHistoryUnderItsBackendAndDevice) {
+  auto m = Metrics::create();
+  const std::string jsonl =
+      R"({"seq":0,"t_ns":10,"host":"a","object":"cm_id:3","kind":"cm_event","data":{"event":"ESTABLISHED","status":0}})"
+      "\n"
+      R"({"seq":1,"t_ns":20,"host":"b","object":"qp:4","kind":"wc","data":{"status":"WR_FLUSH_ERR"}})"
+      "\n\n";
+  m->ingest("vm", {{"a", "rxe"}, {"b", "rxe"}}, jsonl);
+  const std::string text = m->text();
+  EXPECT_NE(text.find(R"(rdmalab_cm_events_total{backend="vm",device="rxe",event="ESTABLISHED",status="OK"} 1)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(rdmalab_work_completions_total{backend="vm",device="rxe",status="WR_FLUSH_ERR"} 1)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(Ingest, AMalformedLineIsEinvalNamingIt) {
+  auto m = Metrics::create();
+  try {
+    m->ingest("vm", {{"a", "siw"}}, "{\"seq\":0}\nnot json\n");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EINVAL);
+    EXPECT_NE(e.detail().find("history line 1"), std::string::npos) << e.detail();
+  }
+}
+
+}  // namespace
+}  // namespace rdmalab::metrics

@@ -188,3 +188,49 @@ def test_plugin_rejects_a_bad_listen_address_and_is_off_by_default(pytester):
     result = pytester.runpytest(*PLUGIN, "--lab", "model:ib")
     result.assert_outcomes(passed=1, failed=1)
     assert "rdmalab metrics" not in result.stdout.str()
+
+
+class FinishedVmLab:
+    """What Metrics.attach needs of a VM lab (rdmalab.vm.VmLab): shutdown hooks, the merged
+    history, the device per host. The records are shaped as a VM lab merges them."""
+
+    def __init__(self, records):
+        self.records, self.hooks = records, []
+
+    def on_shutdown(self, fn):
+        self.hooks.append(fn)
+
+    def history(self):
+        return self.records
+
+    def devices_by_host(self):
+        return {"a": "siw", "b": "siw"}
+
+    def shutdown(self):
+        for fn in self.hooks:
+            fn(self)
+
+
+def test_a_vm_lab_is_counted_when_it_shuts_down():
+    frame = {"proto": "tcp", "tcp_flags": "FIN"}
+    lab = FinishedVmLab([
+        {"seq": 0, "host_seq": 3, "t_ns": 5, "host": "a", "object": "cm_id:1",
+         "kind": "cm_event", "data": {"event": "DISCONNECTED", "status": 0}},
+        {"seq": 1, "host_seq": 0, "t_ns": 6, "host": "switch", "object": "rule:1",
+         "kind": "switch_drop", "data": {"action": "drop", "frame": frame}},
+        {"seq": 2, "host_seq": 1, "t_ns": 7, "host": "switch", "object": "rule:2",
+         "kind": "switch_watch", "data": {"action": "watch", "frame": frame}},
+    ])
+    m = metrics.Metrics().attach(lab)
+    assert not series(m.text(), "rdmalab_cm_events_total{")  # nothing before the end
+    lab.shutdown()
+    text = m.text()
+    assert series(text, "rdmalab_cm_events_total{") == {
+        'rdmalab_cm_events_total{backend="vm",device="siw",event="DISCONNECTED",status="OK"}': 1}
+    frames = series(text, "rdmalab_switch_frames_total{")
+    assert frames == {'rdmalab_switch_frames_total{action="drop",backend="vm",type="tcp"}': 1}
+
+
+def test_attach_refuses_what_is_not_a_lab():
+    with pytest.raises(TypeError, match="neither an engine lab nor a VM lab"):
+        metrics.Metrics().attach(object())
