@@ -53,6 +53,17 @@ class FaultNotSupported(Error):
         self.fault = fault
 
 
+def as_fault(fault: str, fn, *args):
+    """fn(*args), with the engine's EOPNOTSUPP raised as FaultNotSupported(fault): the backend
+    cannot do it, so a scenario that needs it skips instead of failing."""
+    try:
+        return fn(*args)
+    except Error as e:
+        if e.errno == _errno.EOPNOTSUPP:
+            raise FaultNotSupported(fault, e.detail or str(e)) from e
+        raise
+
+
 class WallClockTimeout(Exception):
     """The pytest plugin's safety net: a test ran longer than its wall-clock budget."""
 

@@ -16,12 +16,11 @@ Wire faults are rules: each matches packets (a predicate and/or fields) and acts
 
 from __future__ import annotations
 
-import errno
 import random
 from typing import Callable, Iterable, Optional
 
 from . import _core
-from .errors import Error, FaultNotSupported
+from .errors import FaultNotSupported, as_fault
 from .names import parse
 
 # IBTA CM MAD attribute IDs (semantics.md A).
@@ -316,17 +315,17 @@ class Faults:
         """The device raises event_type on object `number` (QPN, SRQN, CQ id or port); the
         driver handles it after driver_delay_ns."""
         t = parse(_core.AsyncEventType, event_type, "async event type")
-        self._device_fault(f"inject_async_event({t.name})", self._o.inject_async_event,
+        as_fault(f"inject_async_event({t.name})", self._o.inject_async_event,
                            _host_name(host), t, number, driver_delay_ns)
 
     def port_down(self, host) -> None:
-        self._device_fault("port_down", self._o.set_port_state, _host_name(host), False)
+        as_fault("port_down", self._o.set_port_state, _host_name(host), False)
 
     def port_up(self, host) -> None:
-        self._device_fault("port_up", self._o.set_port_state, _host_name(host), True)
+        as_fault("port_up", self._o.set_port_state, _host_name(host), True)
 
     def device_fatal(self, host) -> None:
-        self._device_fault("device_fatal", self._o.device_fatal, _host_name(host))
+        as_fault("device_fatal", self._o.device_fatal, _host_name(host))
 
     def rdma_link_delete(self, host) -> None:
         raise FaultNotSupported("rdma_link_delete", "the model's devices stay listed: it has "
@@ -341,7 +340,7 @@ class Faults:
         """The host loses all state at once (processes, QPs, CM state, timers) and is back
         after down_ns with the same node GUID and first QPN; packets to it meanwhile are
         lost, and its processes and objects from before are dead (EBADF / ESRCH)."""
-        self._device_fault("reboot", self._o.reboot, _host_name(host), down_ns)
+        as_fault("reboot", self._o.reboot, _host_name(host), down_ns)
 
     def kill(self, process) -> None:
         """SIGKILL a process (same as process.kill())."""
@@ -387,14 +386,6 @@ class Faults:
                     fn(call)
 
         self._o.set_verb_hook(hook if hooks else None)
-
-    def _device_fault(self, fault: str, verb: Callable, *args) -> None:
-        try:
-            verb(*args)
-        except Error as e:
-            if e.errno == errno.EOPNOTSUPP:
-                raise FaultNotSupported(fault, e.detail or str(e)) from e
-            raise
 
 
 class NoFaults:

@@ -11,7 +11,6 @@ wall-clock terms, and the same seed replays the same run.
 from __future__ import annotations
 
 import atexit
-import errno as _errno
 import json
 import os
 import weakref
@@ -19,7 +18,7 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 from . import _core
 from .cm import CmChannel
-from .errors import Error, FaultNotSupported, Hung, raise_parked
+from .errors import Error, Hung, as_fault, raise_parked
 from .faults import Faults, NoFaults
 from .names import parse, sec
 from .verbs import Context, DeviceCaps, unwrap
@@ -61,22 +60,12 @@ class Process:
     def kernel_objects(self) -> dict[str, int]:
         """What the kernel holds for this process, by kind as `rdma res show` names them
         (ctx, pd, cq, qp, srq, mr, cm_id, xrcd); empty once a kill has been cleaned up."""
-        try:
-            return dict(self._o.kernel_objects())
-        except Error as e:
-            if e.errno == _errno.EOPNOTSUPP:
-                raise FaultNotSupported("kernel_objects", e.detail or str(e)) from e
-            raise
+        return dict(as_fault("kernel_objects", self._o.kernel_objects))
 
     def kill(self) -> None:
         """SIGKILL: the kernel releases everything the process owned, without waiting for
         acks (uverbs and ucma cleanup on file close)."""
-        try:
-            self._o.kill()
-        except Error as e:
-            if e.errno == _errno.EOPNOTSUPP:  # the harness's own process (local verbs lab)
-                raise FaultNotSupported("kill", e.detail or str(e)) from e
-            raise
+        as_fault("kill", self._o.kill)  # EOPNOTSUPP: the harness's own process
         raise_parked()
 
     def __repr__(self) -> str:

@@ -75,7 +75,7 @@ class VmPool:
             self.vmlab.wait_all_ready(boot_deadline_s)
             self.boot_s = time.monotonic() - t0
             for vm in self.vmlab.vms:
-                self.agents.append(self._start_agent(vm))
+                self.agents.append(self.start_agent(vm))
             self.warm_data_path()
         except BaseException:
             self.close()
@@ -106,9 +106,6 @@ class VmPool:
 
     def start_agent(self, vm) -> Agent:
         """A new agent (its own python process) in vm, over a new SSH session."""
-        return self._start_agent(vm)
-
-    def _start_agent(self, vm) -> Agent:
         import execnet
         gw = execnet.makegateway(f"ssh=-F {self.vmlab.ssh_config} {vm.spec.name}"
                                  f"//python=/usr/bin/python3")
@@ -116,7 +113,7 @@ class VmPool:
 
     def replace_agent(self, old: Agent, vm) -> Agent:
         """A fresh agent on vm (after a reboot) in old's place."""
-        new = self._start_agent(vm)
+        new = self.start_agent(vm)
         self.agents[self.agents.index(old)] = new
         return new
 
@@ -132,7 +129,7 @@ class VmPool:
             agent.close(deadline_s=5.0)
             vm.reboot()
             self.used[vm.spec.name] = 0
-            self.agents[i] = self._start_agent(vm)
+            self.agents[i] = self.start_agent(vm)
             self.warm_data_path([vm])
         return healed
 
@@ -542,9 +539,7 @@ class VmProcess:
 
     def _live(self, verb: str):
         if self._killed:
-            from .errors import make_error
-            import errno
-            raise make_error(verb, errno.ESRCH, f"proc:{self.name} (pid {self.pid}) was killed")
+            raise _make_error(verb, errno.ESRCH, f"proc:{self.name} (pid {self.pid}) was killed")
         return self._proc
 
     def open_device(self, device_name: str = ""):
@@ -578,13 +573,7 @@ class VmProcess:
         longer in /proc). Its history so far is kept; nothing it would have recorded after."""
         if self._killed:
             return
-        try:
-            archived = self.records()
-        except Exception as e:
-            archived = []
-            self._lab.record("history_lost", object=f"proc:{self.name}", host=self._host_name,
-                             error=str(e))
-        self._lab._archive(archived)
+        self._lab._archive(self.records, self._host_name, f"proc:{self.name}")
         self._lab.record("fault", object=f"proc:{self.name}", host=self._host_name,
                          fault="kill", pid=self.pid)
         self._note_threads()
@@ -595,8 +584,7 @@ class VmProcess:
         self._agent.broken = "SIGKILLed by a kill fault"
         self._agent.lab = None
         end = time.monotonic() + 10.0
-        while main.module("os.path").exists(f"/proc/{self.pid}/status") and \
-                "zombie" not in _proc_state(main, self.pid):
+        while "zombie" not in _proc_state(main, self.pid):
             if time.monotonic() > end:
                 raise Hung(f"kill {self.name}", f"pid {self.pid} on {self._host_name} still "
                            "runs 10 s after SIGKILL")
@@ -624,7 +612,7 @@ def _proc_state(agent: Agent, pid: int) -> str:
             for line in f.read().splitlines():
                 if line.startswith("State:"):
                     return line
-    except Exception:  # gone between the two looks
+    except Exception:  # no /proc entry: gone (reaped)
         return "zombie (gone)"
     return ""
 
@@ -694,11 +682,10 @@ class VmLab:
         self.record("process_start", object=f"proc:{name}", host=host, pid=proc.pid)
         return proc
 
-    def kernel_resources(self, host: str, pids) -> dict[str, int]:
-        """What the guest's kernel still holds for these pids (an int or a set: restrack
-        records the creating thread's TID), by kind (`rdma res show`: qp, cq, pd, mr, cm_id,
-        ctx, srq); kinds with none are left out."""
-        pids = {pids} if isinstance(pids, int) else set(pids)
+    def kernel_resources(self, host: str, pids: set[int]) -> dict[str, int]:
+        """What the guest's kernel still holds for these pids (restrack records the creating
+        thread's TID, so a process is the set of its threads), by kind (`rdma res show`: qp,
+        cq, pd, mr, cm_id, ctx, srq); kinds with none are left out."""
         out = {}
         vm = self._vms[host]
         for kind in ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq"):
@@ -722,7 +709,14 @@ class VmLab:
         """fn(lab) after the lab has shut down, its history complete (metrics ingest it)."""
         self._shutdown_hooks.append(fn)
 
-    def _archive(self, records: list[dict]) -> None:
+    def _archive(self, fetch: Callable[[], list[dict]], host: str, object: str) -> None:
+        """Keeps fetch()'s records past their agent (a reboot, a kill, shutdown); an agent that
+        cannot answer any more loses them, and the history says so."""
+        try:
+            records = fetch()
+        except Exception as e:
+            records = []
+            self.record("history_lost", object=object, host=host, error=str(e))
         with self._lock:
             self._archived += records
 
@@ -806,13 +800,7 @@ class VmLab:
         """The reboot fault (VmFaults.reboot): the history so far is kept, the VM killed,
         booted again after down_ns, and a new agent and lab started there."""
         agent, vm = self._agents[name], self._vms[name]
-        try:
-            archived = self._agent_records(agent)
-        except Exception as e:  # a dead agent: its records are lost, say so
-            archived = []
-            self.record("history_lost", object="host", host=name, error=str(e))
-        with self._lock:
-            self._archived += archived
+        self._archive(lambda: self._agent_records(agent), name, "host")
         self.record("fault", object="host", host=name, fault="reboot", down_ns=down_ns,
                     vm=vm.spec.name)
         vm.kill()
@@ -871,18 +859,14 @@ class VmLab:
             self._faults.clear()
         finally:
             for proc in self._procs:  # their own agents, before the hosts' agents
+                self._archive(proc.records, proc._host_name, f"proc:{proc.name}")
                 try:
-                    self._archive(proc.records())
                     proc.close()
                 except Exception as e:
                     errors.append(e)
             for name, agent in self._agents.items():
-                try:  # the history outlives the lab: written after shutdown
-                    records = self._agent_records(agent)
-                    with self._lock:
-                        self._archived += records
-                except Exception as e:
-                    self.record("history_lost", object="host", host=name, error=str(e))
+                # The history outlives the lab: written after shutdown.
+                self._archive(lambda agent=agent: self._agent_records(agent), name, "host")
                 try:
                     agent.close_lab()
                 except Exception as e:  # the others still close; the next lab heals it
