@@ -66,7 +66,7 @@ def pytest_command(args, extra: list[str]) -> list[str]:
 
 def usable_labs(labs: list[str]) -> list[str]:
     """The labs asked for, with VM labs replaced by the model where qemu cannot run here."""
-    from .vm import qemu_unavailable
+    from .agentlab import qemu_unavailable
     out: list[str] = []
     for lab in labs or ["model"]:
         why = qemu_unavailable() if lab.split(":")[0] == "vm" else None

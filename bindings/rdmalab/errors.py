@@ -3,7 +3,8 @@
 Error (a RuntimeError) carries .verb, .errno, .errno_name and .detail; its str() is the engine's
 message, e.g. "ibv_post_send: EBADF (9): qp 3 was destroyed". DeadlineExceeded is a subclass.
 Hung is the DeadlineExceeded of Lab.wait_until: its message is a diagnostic dump.
-FaultNotSupported says a backend cannot apply a fault (errno EOPNOTSUPP).
+FaultNotSupported says a backend cannot apply a fault (errno EOPNOTSUPP). HostLost says a host
+stopped answering mid-scenario (errno EHOSTDOWN).
 
 Python exceptions raised inside callbacks the engine runs (dispatcher handlers, packet and verb
 hooks, timers, wait predicates) cannot cross the engine's threads. The bindings record them in
@@ -51,6 +52,19 @@ class FaultNotSupported(Error):
         super().__init__(_core.format_error(fault, _errno.EOPNOTSUPP, reason))
         _fill(self, fault, _errno.EOPNOTSUPP, reason)
         self.fault = fault
+
+
+class HostLost(Error):
+    """A host of the lab stopped answering mid-scenario (a crash, a reboot nobody asked for, a
+    lost SSH session): .host, .info (machine, at_ns, error, records_kept). The scenario's
+    outcome is host_lost; the lab restarts the host before the next scenario."""
+
+    def __init__(self, host: str, info: dict):
+        detail = (f"host {host} ({info.get('machine')}) lost at t={info.get('at_ns', 0) / 1e9:.3f}"
+                  f" s: {info.get('error')}; {info.get('records_kept')} of its records kept")
+        super().__init__(_core.format_error("host", _errno.EHOSTDOWN, detail))
+        _fill(self, "host", _errno.EHOSTDOWN, detail)
+        self.host, self.info = host, dict(info)
 
 
 def as_fault(fault: str, fn, *args):

@@ -21,6 +21,7 @@ from .cm import CmChannel
 from .errors import Error, Hung, as_fault, raise_parked
 from .faults import Faults, NoFaults
 from .names import parse, sec
+from .protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
 from .verbs import Context, DeviceCaps, unwrap
 
 HISTORY_TAIL = 50  # records in a Hung dump
@@ -101,16 +102,21 @@ class Host:
 
 
 class Lab:
-    """A lab of hosts on one backend. Use as a context manager, or call shutdown()."""
+    """A lab of hosts in one engine (rdmalab.protocol.LabProtocol): the model (ModelLab) or
+    this machine's own devices (VerbsLab, what a host agent runs). Use as a context manager,
+    or call shutdown()."""
+
+    capabilities: frozenset = frozenset()
 
     def __init__(self, core: _core.Lab, description: str = ""):
         self._o = core
         self.description = description
         self.replay = ""  # how to replay this run; the pytest plugin sets it
         self._hosts = {h.name: Host(self, h) for h in core.hosts()}
-        self._faults = Faults(self) if isinstance(core, _core.ModelLab) else NoFaults(self)
+        self._faults = self._make_faults()
         self._shut = False
         self._closers: list[Callable[[], None]] = []
+        self._shutdown_hooks: list[Callable[["Lab"], None]] = []
         # Where rdma_cm finds another host: its name in the model, an IP address on devices.
         self.addresses: dict[str, str] = {}
         _LIVE.add(self)
@@ -124,10 +130,43 @@ class Lab:
     # (timers, event threads and the controller's round trips run on real clocks).
     tolerance_ns = 0
 
+    def _make_faults(self):
+        return NoFaults(self)
+
+    def has(self, capability: str) -> bool:
+        """Whether this lab has a capability (rdmalab.protocol)."""
+        return capability in self.capabilities
+
     @property
     def replayable(self) -> bool:
         """True where one seed replays one run exactly (a seeded virtual clock: the model)."""
-        return isinstance(self._o, _core.ModelLab)
+        return self.has(VIRTUAL_TIME)
+
+    def place(self, anchor) -> None:
+        """Everything of an engine lab is built in this process."""
+        return None
+
+    def devices_by_host(self) -> dict[str, str]:
+        """host -> the device label metrics use (the personality or provider)."""
+        out = {}
+        for name, host in self._hosts.items():
+            try:
+                out[name] = host.caps().personality
+            except Error:  # a host without a device
+                out[name] = "none"
+        return out
+
+    def attach_metrics(self, metrics) -> None:
+        """Feeds the engine's history into metrics as it is written."""
+        metrics._o.attach(self._o)
+
+    def lost_hosts(self) -> dict[str, dict]:
+        """Hosts lost mid-scenario (none: an engine lab's hosts are in this process)."""
+        return {}
+
+    def on_shutdown(self, fn: Callable[["Lab"], None]) -> None:
+        """fn(lab) after the lab has shut down, its history complete."""
+        self._shutdown_hooks.append(fn)
 
     @property
     def hosts(self) -> dict[str, Host]:
@@ -150,10 +189,7 @@ class Lab:
     # -- time
     def run_for(self, duration_ns: int) -> None:
         """Lets the lab run for duration_ns (the model: events and harness threads)."""
-        if isinstance(self._o, _core.ModelLab):
-            self._o.run_for(duration_ns)
-        else:
-            self._o.sleep_for(duration_ns)
+        self._o.sleep_for(duration_ns)
         raise_parked()
 
     def sleep(self, duration_ns: int) -> None:
@@ -194,9 +230,7 @@ class Lab:
 
     # -- diagnostics
     def dump_state(self) -> str:
-        if isinstance(self._o, _core.ModelLab):
-            return self._o.dump_state()
-        return f"(backend {self.backend} has no state dump)"
+        return f"({self.description or self.backend} has no state dump)"
 
     def diagnostic(self, headline: str) -> str:
         """The dump a hung wait prints: what, seed, replay, state and the history's tail."""
@@ -229,6 +263,8 @@ class Lab:
         self._closers.clear()
         self._faults.clear()
         self._o.shutdown()
+        for hook in self._shutdown_hooks:
+            hook(self)
 
     def killable_process(self, host: str, name: str) -> Process:
         """A process that a fault may SIGKILL (process.kill()). Every model process can be
@@ -257,6 +293,27 @@ class Lab:
         return f"<Lab {desc} seed={self.seed} hosts={list(self._hosts)}>"
 
 
+class ModelLab(Lab):
+    """The model: every host, device and the fabric in this process, on a seeded virtual
+    clock; it applies every fault."""
+
+    capabilities = frozenset({VIRTUAL_TIME, CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP})
+
+    def _make_faults(self):
+        return Faults(self)
+
+    def run_for(self, duration_ns: int) -> None:
+        self._o.run_for(duration_ns)
+        raise_parked()
+
+    def dump_state(self) -> str:
+        return self._o.dump_state()
+
+
+class VerbsLab(Lab):
+    """This machine's RDMA devices as one host (what a host agent runs)."""
+
+
 HostsArg = Union[Mapping[str, Union[str, Mapping]], Iterable[str]]
 
 
@@ -273,14 +330,14 @@ def model_lab(seed: int = 1, hosts: HostsArg = ("a", "b"), personality: str = "i
         if value is not None:
             setattr(opts.fabric, key, value)
     desc = "model:" + ",".join(sorted({h.personality for h in opts.hosts}))
-    return Lab(_core.make_lab(opts), desc)
+    return ModelLab(_core.make_lab(opts), desc)
 
 
 def verbs_lab(seed: int = 1, host: str = "local",
               addresses: Optional[Mapping[str, str]] = None) -> Lab:
     """This machine's RDMA devices as one host named `host` (the VM lab's agents make one
     each). addresses: host name -> IP address, for rdma_cm to reach the other hosts."""
-    lab = Lab(_core.make_verbs_lab(seed, host), f"verbs:{host}")
+    lab = VerbsLab(_core.make_verbs_lab(seed, host), f"verbs:{host}")
     lab.addresses = dict(addresses or {})  # a mapping or (name, address) pairs
     from . import agent  # labs made in an agent shut down when its controller goes
     agent.track(lab)
@@ -322,4 +379,4 @@ def _host_spec(name: str, spec) -> _core.HostSpec:
     return hs
 
 
-__all__ = ["Lab", "Host", "Process", "model_lab", "verbs_lab", "personalities", "unwrap"]
+__all__ = ["Lab", "ModelLab", "VerbsLab", "Host", "Process", "model_lab", "verbs_lab", "personalities", "unwrap"]

@@ -54,23 +54,22 @@ class Metrics:
         self._o = _core.Metrics()
 
     def attach(self, lab) -> "Metrics":
-        """Feeds lab's history into these metrics from now on (attach a lab once). A lab whose
-        records live in other machines (the VM lab) is counted when it shuts down, from its
-        merged history: the same classifier, under backend "vm" and its device."""
-        if isinstance(getattr(lab, "_o", None), _core.Lab):
-            self._o.attach(lab._o)
-        elif hasattr(lab, "on_shutdown"):
-            lab.on_shutdown(self.ingest_lab)
-        else:
-            raise TypeError(f"cannot attach {lab!r}: neither an engine lab nor a VM lab")
+        """Feeds lab's history into these metrics from now on (attach a lab once). The lab
+        decides how (LabProtocol.attach_metrics): an engine lab as its history is written; a
+        lab whose records live on other machines when it shuts down, from its merged
+        history (ingest_lab)."""
+        attach = getattr(lab, "attach_metrics", None)
+        if attach is None:
+            raise TypeError(f"cannot attach {lab!r}: not a lab (rdmalab.protocol.LabProtocol)")
+        attach(self)
         return self
 
-    def ingest_lab(self, lab) -> None:
-        """Counts a finished VM lab: its hosts' records through the classifier, the fault
+    def ingest_lab(self, lab, backend: str = "vm") -> None:
+        """Counts a finished agent lab: its hosts' records through the classifier, the fault
         switch's actions as frames."""
         records = lab.history()
         hosts = [r for r in records if r["host"] != "switch"]
-        self._o.ingest("vm", lab.devices_by_host(),
+        self._o.ingest(backend, lab.devices_by_host(),
                        "\n".join(json.dumps(r, sort_keys=True) for r in hosts))
         for r in records:
             action = r["kind"][len("switch_"):] if r["kind"].startswith("switch_") else ""
@@ -78,7 +77,7 @@ class Metrics:
                 f = r["data"].get("frame", {})
                 kind = f.get("cm") or f.get("opcode") or f.get("rdmap_opcode") or \
                     f.get("proto") or "other"
-                self.count_frame(str(kind), action, backend="vm")
+                self.count_frame(str(kind), action, backend=backend)
 
     # -- exposure
     def serve(self, port: int = 0, address: str = "127.0.0.1") -> int:

@@ -20,7 +20,6 @@ import time
 
 import pytest
 
-from . import _core
 from .errors import Error
 from .metrics import DEFAULT_JOB, SYSFS_ROOT, Metrics, parse_listen
 
@@ -56,8 +55,7 @@ def attach(config, lab) -> None:
     """Feeds a lab the fixtures made into the session's metrics: an engine lab as it runs, a
     VM lab (its records are in the guests) when it shuts down."""
     plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    if plugin is not None and (isinstance(getattr(lab, "_o", None), _core.Lab)
-                               or hasattr(lab, "on_shutdown")):
+    if plugin is not None:
         plugin.metrics.attach(lab)
 
 

@@ -46,39 +46,29 @@ FEATURES = {"xrc": "XRC", "srq": "SRQ", "ud": "UD"}
 _PHASES = pytest.StashKey[dict]()
 _SETTINGS = pytest.StashKey["Settings"]()
 _FAILURES = pytest.StashKey[list]()
+_LABS = pytest.StashKey[list]()  # the labs a test's fixtures made
 
 
 @dataclasses.dataclass(frozen=True)
 class LabSpec:
-    """One column of the result table: a backend and a device personality."""
+    """One column of the result table: a kind of lab and what it runs on: a model
+    personality ("model", "ib"), a VM lab device ("vm", "rxe"), an inventory file
+    ("inventory", "lab.toml")."""
     backend: str
     personality: str
 
     @property
     def id(self) -> str:
-        return f"{self.backend}-{self.personality}"
+        return f"{self.backend}-{LAB_KINDS[self.backend].label(self.personality)}"
 
     @property
     def option(self) -> str:
         return f"{self.backend}:{self.personality}"
 
     def build(self, seed: int, hosts=DEFAULT_HOSTS, **options) -> Lab:
-        """A lab whose hosts have this personality (a host given as {name: {...}} may
-        override xrc_tgt_lifetime, or the personality itself)."""
-        if self.backend == "vm":
-            if options:
-                pytest.skip(f"model-only lab options {sorted(options)}: the VM lab's fabric is "
-                            "real (its fault rules come with the fault switch)")
-            return vm_pool(self.personality).lab(seed, list(hosts))
-        if isinstance(hosts, dict):
-            specs = {}
-            for name, spec in hosts.items():
-                spec = {"personality": spec} if isinstance(spec, str) else dict(spec or {})
-                spec.setdefault("personality", self.personality)
-                specs[name] = spec
-        else:
-            specs = {name: self.personality for name in hosts}
-        return model_lab(seed=seed, hosts=specs, **options)
+        """A lab of this spec (a host given as {name: {...}} may override the model's
+        xrc_tgt_lifetime or personality; labs of real devices refuse model-only options)."""
+        return LAB_KINDS[self.backend].build(self, seed, hosts, **options)
 
     def caps(self) -> DeviceCaps:
         return _caps_of(self)
@@ -91,20 +81,114 @@ def _caps_of(spec: LabSpec) -> DeviceCaps:
         return obtain(lab.host("probe").caps())
 
 
+class ModelKind:
+    """--lab model[:ib,roce]: the model, one column per personality."""
+
+    @staticmethod
+    def finding_key(caps: DeviceCaps) -> str:
+        return f"model:{caps.personality}"  # a personality that copies a device's finding
+
+    @staticmethod
+    def label(personality: str) -> str:
+        return personality
+
+    @staticmethod
+    def parse(text: str, names: str) -> list[LabSpec]:
+        known = personalities()
+        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else known
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise pytest.UsageError(f"--lab {text!r}: unknown personality {', '.join(unknown)};"
+                                    f" model personalities: {', '.join(known)}")
+        return [LabSpec("model", n) for n in wanted]
+
+    @staticmethod
+    def build(spec: LabSpec, seed: int, hosts, **options) -> Lab:
+        if isinstance(hosts, dict):
+            specs = {}
+            for name, host in hosts.items():
+                host = {"personality": host} if isinstance(host, str) else dict(host or {})
+                host.setdefault("personality", spec.personality)
+                specs[name] = host
+        else:
+            specs = {name: spec.personality for name in hosts}
+        return model_lab(seed=seed, hosts=specs, **options)
+
+
+class AgentKind:
+    """Labs whose hosts are machines running the host agent (rdmalab.agentlab): one pool per
+    spec, started on first use, closed at the session's end."""
+
+    @staticmethod
+    def finding_key(caps: DeviceCaps) -> str:
+        return caps.personality  # the provider: "rxe", "siw", "mlx5"
+
+    @staticmethod
+    def build(spec: LabSpec, seed: int, hosts, **options):
+        return agent_pool(spec).lab(seed, list(hosts), **options)
+
+
+class VmKind(AgentKind):
+    """--lab vm[:rxe,siw]: the qemu VM lab, one column per device."""
+
+    @staticmethod
+    def pool(agentlab, spec: LabSpec):
+        return agentlab.vm_pool(_VM_HOSTS[0], spec.personality)
+
+    @staticmethod
+    def label(device: str) -> str:
+        return device
+
+    @staticmethod
+    def parse(text: str, names: str) -> list[LabSpec]:
+        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
+        unknown = [n for n in wanted if n not in VM_DEVICES]
+        if unknown:
+            raise pytest.UsageError(f"--lab {text!r}: unknown VM lab device {', '.join(unknown)}"
+                                    f"; VM lab devices: {', '.join(VM_DEVICES)}")
+        from .agentlab import qemu_unavailable
+        why = qemu_unavailable()
+        if why:
+            raise pytest.UsageError(f"--lab {text!r}: the VM lab cannot run here: {why}")
+        return [LabSpec("vm", n) for n in wanted]
+
+
+class InventoryKind(AgentKind):
+    """--lab inventory:PATH: the machines of a TOML inventory (lab/inventory.py)."""
+
+    @staticmethod
+    def pool(agentlab, spec: LabSpec):
+        return agentlab.inventory_pool(spec.personality)
+
+    @staticmethod
+    def label(path: str) -> str:
+        return os.path.splitext(os.path.basename(path))[0]
+
+    @staticmethod
+    def parse(text: str, path: str) -> list[LabSpec]:
+        if not path:
+            raise pytest.UsageError(f"--lab {text!r}: give the inventory file: inventory:PATH")
+        path = os.path.abspath(path)
+        if not os.path.isfile(path):
+            raise pytest.UsageError(f"--lab {text!r}: no inventory file {path}")
+        return [LabSpec("inventory", path)]
+
+
+LAB_KINDS = {"model": ModelKind, "vm": VmKind, "inventory": InventoryKind}
 VM_DEVICES = ("rxe", "siw")
 _POOLS: dict = {}
 _VM_HOSTS = [2]
 
 
-def vm_pool(rdma: str):
-    """The session's VM pool for a device, booted on first use, closed at the session's end."""
-    if rdma not in _POOLS:
-        from .vm import VmPool
-        _POOLS[rdma] = VmPool(_VM_HOSTS[0], rdma)
-    return _POOLS[rdma]
+def agent_pool(spec: LabSpec):
+    """The session's pool of machines for a spec, started on first use."""
+    if spec not in _POOLS:
+        from . import agentlab
+        _POOLS[spec] = LAB_KINDS[spec.backend].pool(agentlab, spec)
+    return _POOLS[spec]
 
 
-def close_vm_pools() -> None:
+def close_pools() -> None:
     while _POOLS:
         _POOLS.popitem()[1].close()
 
@@ -119,29 +203,12 @@ def parse_lab_options(texts) -> list[LabSpec]:
 
 def parse_lab_option(text: str) -> list[LabSpec]:
     """"model" -> every model personality; "model:ib,roce" -> those; "vm" = "vm:rxe";
-    "vm:rxe,siw" -> the VM lab with each device."""
-    backend, _, names = text.partition(":")
-    if backend == "vm":
-        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
-        unknown = [n for n in wanted if n not in VM_DEVICES]
-        if unknown:
-            raise pytest.UsageError(f"--lab {text!r}: unknown VM lab device {', '.join(unknown)}"
-                                    f"; VM lab devices: {', '.join(VM_DEVICES)}")
-        from .vm import qemu_unavailable
-        why = qemu_unavailable()
-        if why:
-            raise pytest.UsageError(f"--lab {text!r}: the VM lab cannot run here: {why}")
-        return [LabSpec(backend, n) for n in wanted]
-    if backend != "model":
-        raise pytest.UsageError(f"--lab {text!r}: unknown backend {backend!r}; available: "
-                                "model, vm")
-    known = personalities()
-    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else known
-    unknown = [n for n in wanted if n not in known]
-    if unknown:
-        raise pytest.UsageError(f"--lab {text!r}: unknown personality {', '.join(unknown)}; "
-                                f"model personalities: {', '.join(known)}")
-    return [LabSpec(backend, n) for n in wanted]
+    "vm:rxe,siw" -> the VM lab with each device; "inventory:PATH" -> the inventory's hosts."""
+    kind, _, rest = text.partition(":")
+    if kind not in LAB_KINDS:
+        raise pytest.UsageError(f"--lab {text!r}: unknown lab {kind!r}; available: "
+                                f"{', '.join(LAB_KINDS)}")
+    return LAB_KINDS[kind].parse(text, rest)
 
 
 @dataclasses.dataclass
@@ -156,7 +223,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("rdmalab")
     group.addoption("--lab", action="append", default=None,
                     help='labs to run on, repeatable: "model" (every personality), '
-                         '"model:ib,roce", "vm" or "vm:rxe,siw" (the soft-RoCE VM lab)')
+                         '"model:ib,roce", "vm" or "vm:rxe,siw" (the soft-RoCE VM lab), '
+                         '"inventory:PATH" (the machines of a TOML inventory)')
     group.addoption("--vm-hosts", type=int, default=2,
                     help="hosts (VMs) in the VM lab (default 2)")
     group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
@@ -190,7 +258,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    close_vm_pools()
+    close_pools()
 
 
 def pytest_generate_tests(metafunc):
@@ -227,6 +295,7 @@ def lab_factory(request, lab_spec):
     test and its history written."""
     settings = request.config.stash[_SETTINGS]
     labs: list[Lab] = []
+    request.node.stash[_LABS] = labs
 
     def make(hosts=DEFAULT_HOSTS, seed: Optional[int] = None, **options) -> Lab:
         lab = lab_spec.build(settings.seed if seed is None else seed, hosts, **options)
@@ -341,7 +410,7 @@ def finding_on(mark, spec) -> Optional[str]:
         raise pytest.UsageError("finding(devices, name, text): three arguments")
     devices, name, text = mark.args
     caps = spec.caps()
-    key = f"model:{caps.personality}" if spec.backend == "model" else caps.personality
+    key = LAB_KINDS[spec.backend].finding_key(caps)
     if key not in _as_list(devices):
         return None
     return f"finding {name} on {key} ({caps.name}): {text}"
@@ -370,6 +439,19 @@ def pytest_runtest_makereport(item, call):
         return
     seed = item.config.stash[_SETTINGS].seed
     phases = item.stash.setdefault(_PHASES, {})
+    lost = lost_hosts(item)
+    if lost and rep.when in ("call", "teardown") and not phases.get("host_lost"):
+        # A host that died mid-scenario: the outcome says which and when, whatever the
+        # scenario's own error was (an EOFError from a dead agent tells nothing).
+        rep.outcome = "failed"
+        text = "; ".join(f"host {h} ({i.get('machine')}) lost at t={i.get('at_ns', 0) / 1e9:.3f} s:"
+                         f" {i.get('error')} ({i.get('records_kept')} of its records kept)"
+                         for h, i in lost.items())
+        if call.excinfo is not None:
+            rep.sections.append(("rdmalab: the scenario's own error",
+                                 call.excinfo.exconly()))
+        rep.longrepr = f"HostLost: {text}"
+        phases["host_lost"] = text
     phases[rep.when] = rep.outcome
     if rep.failed:
         text = f"seed {seed} on {spec.option}\nreplay: {replay_command(item, spec, seed)}"
@@ -381,12 +463,23 @@ def pytest_runtest_makereport(item, call):
         except Exception as e:  # the table still gets a row
             device = f"? ({e})"
         item.user_properties += [("backend", spec.backend), ("personality", spec.personality),
+                                 ("column", spec.id),
                                  ("device", device), ("seed", seed),
                                  ("outcome", final_outcome(phases))]
         rep.user_properties = list(item.user_properties)
 
 
+def lost_hosts(item) -> dict:
+    """host -> loss info of every lab the test made."""
+    lost = {}
+    for lab in item.stash.get(_LABS, []):
+        lost.update(lab.lost_hosts())
+    return lost
+
+
 def final_outcome(phases: dict) -> str:
+    if phases.get("host_lost"):
+        return "host_lost"
     if phases.get("call") == "failed":
         return "failed"
     if "failed" in phases.values():

@@ -205,8 +205,12 @@ class Agent:
         _AGENTS[id(conn)] = self
 
     @classmethod
-    def start(cls, gateway, host: str) -> "Agent":
-        channel = gateway.remote_exec(AGENT_BOOT.format(bindings=BINDINGS))
+    def start(cls, gateway, host: str, channel=None) -> "Agent":
+        """The agent on gateway's host: over `channel` when given (lab.deploy's
+        open_agent_channel started the version it shipped there, checked), else the
+        controller's own package (a host that sees this checkout, a local subprocess)."""
+        if channel is None:
+            channel = gateway.remote_exec(AGENT_BOOT.format(bindings=BINDINGS))
         conn = rpyc.connect_stream(ExecnetStream(channel), service=rpyc.ClassicService,
                                    config=RPYC_CONFIG)
         return cls(gateway, conn, host)  # new_lab measures the clock offset it uses
@@ -305,13 +309,9 @@ def agent_of(obj: Any) -> Optional[Agent]:
 
 def placement(lab, anchor) -> Optional[Agent]:
     """Where an object anchored to `anchor` (a host name, a Host, a QP, a context, ...) must be
-    built: the agent it lives in, or None for here."""
-    agent = agent_of(anchor)
-    if agent is not None:
-        return agent
-    if isinstance(anchor, str) and hasattr(lab, "agent_for"):
-        return lab.agent_for(anchor)
-    return None
+    built: the agent it lives in, or None for here. An object that lives in an agent says so
+    itself; for a host name the lab answers (LabProtocol.place)."""
+    return agent_of(anchor) or lab.place(anchor)
 
 
 def build(lab, anchor, cls, *args, **kw):

@@ -14,7 +14,8 @@ from typing import Optional
 class Result:
     scenario: str
     column: str
-    outcome: str  # passed, failed, error, skipped, finding (a device divergence, xfail)
+    outcome: str  # passed, failed, error, skipped, finding (a device divergence, xfail),
+    #               host_lost (a host stopped answering mid-scenario)
     message: str
     properties: dict
 
@@ -30,6 +31,8 @@ def read_junit(path: str) -> list[Result]:
                 outcome, message = name, node.get("message") or ""
                 if tag == "skipped" and node.get("type") == "pytest.xfail":
                     outcome = "finding"  # a known device divergence, reproduced
+        if props.get("outcome") == "host_lost":
+            outcome = "host_lost"
         scenario, column = split_name(case.get("classname", ""), case.get("name", ""), props)
         results.append(Result(scenario, column, outcome, message, props))
     return results
@@ -41,8 +44,8 @@ def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:
     base, _, params = name.partition("[")
     params = params.rstrip("]")
     column = "-"
-    if "backend" in props and "personality" in props:
-        column = f"{props['backend']}-{props['personality']}"
+    if "column" in props or ("backend" in props and "personality" in props):
+        column = props.get("column") or f"{props['backend']}-{props['personality']}"
         rest = re.sub(r"(^|-)" + re.escape(column) + r"($|-)", "-", params).strip("-")
         params = rest
     row = f"{module}::{base}" if module else base
@@ -50,7 +53,7 @@ def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:
 
 
 CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped",
-        "finding": "finding"}
+        "finding": "finding", "host_lost": "HOST-LOST"}
 
 
 def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
@@ -80,7 +83,7 @@ def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
     if findings:
         out.append("\nfindings (the device diverges from the scenario's assertion, as known):")
         out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in findings]
-    bad = [r for r in results if r.outcome in ("failed", "error")]
+    bad = [r for r in results if r.outcome in ("failed", "error", "host_lost")]
     if bad:
         out.append("\nfailed:")
         for r in bad:
@@ -90,4 +93,4 @@ def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
 
 
 def failed(results: list[Result]) -> bool:
-    return any(r.outcome in ("failed", "error") for r in results)
+    return any(r.outcome in ("failed", "error", "host_lost") for r in results)

@@ -167,7 +167,7 @@ class CmPair:
                  accept_data: bytes = b"", process_server: str = "cm-server",
                  process_client: str = "cm-client", mr_size: int = 4096, **kw):
         self.lab = lab
-        timeout_ns += getattr(lab, "tolerance_ns", 0)  # TCG guests: see VmLab.tolerance_ns
+        timeout_ns += lab.tolerance_ns  # a device's timers: see AgentLab.tolerance_ns
         self.server_channel = _process(lab, server, process_server).event_channel()
         self.client_channel = _process(lab, client, process_client).event_channel()
         self.listener = self.server_channel.listen(port)

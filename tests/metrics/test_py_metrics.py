@@ -191,11 +191,15 @@ def test_plugin_rejects_a_bad_listen_address_and_is_off_by_default(pytester):
 
 
 class FinishedVmLab:
-    """What Metrics.attach needs of a VM lab (rdmalab.vm.VmLab): shutdown hooks, the merged
-    history, the device per host. The records are shaped as a VM lab merges them."""
+    """What Metrics.attach needs of an agent lab (rdmalab.agentlab.AgentLab): attach_metrics
+    through a shutdown hook, the merged history, the device per host. The records are shaped
+    as an agent lab merges them."""
 
     def __init__(self, records):
         self.records, self.hooks = records, []
+
+    def attach_metrics(self, m):
+        self.on_shutdown(m.ingest_lab)
 
     def on_shutdown(self, fn):
         self.hooks.append(fn)
@@ -232,5 +236,5 @@ def test_a_vm_lab_is_counted_when_it_shuts_down():
 
 
 def test_attach_refuses_what_is_not_a_lab():
-    with pytest.raises(TypeError, match="neither an engine lab nor a VM lab"):
+    with pytest.raises(TypeError, match="not a lab"):
         metrics.Metrics().attach(object())

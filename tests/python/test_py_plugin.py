@@ -20,7 +20,7 @@ def test_lab_option_parsing():
     assert "model-iwarp-siw" in [s.id for s in parse_lab_option("model")]
     with pytest.raises(pytest.UsageError, match="unknown personality ibx"):
         parse_lab_option("model:ibx")
-    with pytest.raises(pytest.UsageError, match="unknown backend 'verbs'"):
+    with pytest.raises(pytest.UsageError, match="unknown lab 'verbs'"):
         parse_lab_option("verbs")
 
 

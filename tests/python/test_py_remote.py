@@ -87,7 +87,7 @@ def test_endpoint_values_round_trip():
 
 
 def test_vm_lab_option_parsing(monkeypatch):
-    import rdmalab.vm as vm
+    import rdmalab.agentlab as vm
     monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
     assert [s.id for s in parse_lab_option("vm")] == ["vm-rxe"]
     assert [s.id for s in parse_lab_option("vm:rxe,siw")] == ["vm-rxe", "vm-siw"]
@@ -101,10 +101,23 @@ def test_vm_lab_option_parsing(monkeypatch):
 
 
 def test_cli_falls_back_to_the_model_saying_why(monkeypatch, capsys):
-    import rdmalab.vm as vm
+    import rdmalab.agentlab as vm
     monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
     assert cli.usable_labs(["model:roce", "vm:rxe"]) == ["model:roce"]
     assert cli.usable_labs(["vm:siw"]) == ["model:iwarp-siw"]
     assert "no qemu here" in capsys.readouterr().err
     monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
     assert cli.usable_labs(["vm:rxe"]) == ["vm:rxe"]
+
+
+def test_inventory_lab_option_parsing(tmp_path):
+    inv = tmp_path / "two-mlx5.toml"
+    inv.write_text("")
+    [spec] = parse_lab_option(f"inventory:{inv}")
+    assert (spec.id, spec.option) == ("inventory-two-mlx5", f"inventory:{inv}")
+    with pytest.raises(pytest.UsageError, match="no inventory file"):
+        parse_lab_option(f"inventory:{tmp_path / 'missing.toml'}")
+    with pytest.raises(pytest.UsageError, match="give the inventory file"):
+        parse_lab_option("inventory")
+    with pytest.raises(pytest.UsageError, match="unknown lab 'cloud'"):
+        parse_lab_option("cloud:x")

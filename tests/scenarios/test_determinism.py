@@ -33,7 +33,7 @@ def workload(lab):
 def run(lab_factory, seed):
     lab = lab_factory(seed=seed)
     if not lab.replayable:
-        pytest.skip(f"backend {lab.backend} has no seeded clock: histories cannot replay")
+        pytest.skip(f"{lab.description} has no virtual_time (a seeded clock): histories cannot replay")
     try:
         return workload(lab)
     finally:

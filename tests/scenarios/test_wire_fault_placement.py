@@ -6,7 +6,7 @@ a box on the path can apply it."""
 
 import pytest
 
-from rdmalab import FaultNotSupported, ms, sec
+from rdmalab import WIRE_PLACEMENT, FaultNotSupported, ms, sec
 from rdmalab.resources import RCPair
 
 N = 16
@@ -31,8 +31,9 @@ def cut_and_send(lab, at: str, **pair_kw):
 
 
 def test_same_drop_in_the_switch_and_in_the_host(lab):
-    if lab.backend == "model":
-        pytest.skip("the model has one fabric: where a rule sits changes nothing")
+    if not lab.has(WIRE_PLACEMENT):
+        pytest.skip(f"{lab.description} has no {WIRE_PLACEMENT}: one fabric, where a rule sits "
+                    "changes nothing")
     try:
         in_switch, switch_hits = cut_and_send(lab, "switch")
         # a second connection (on iWARP a second rdma_cm listener: another port)

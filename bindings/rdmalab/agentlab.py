@@ -1,13 +1,16 @@
-"""The VM lab as a Lab: soft-RoCE (rxe) or soft-iWARP (siw) hosts in qemu (lab/vmlab), each
-running the host agent (rdmalab.agent) under execnet over SSH, the path real hosts will use.
+"""The agent lab: a Lab (rdmalab.protocol) whose hosts are Machines (lab/machine.py) each
+running the host agent (rdmalab.agent) under execnet over SSH. The machines come from the VM
+lab (lab.qemu: qemu guests on the fault switch, `--lab vm:rxe`) or from an inventory of real
+machines (lab.inventory, `--lab inventory:PATH`); the lab drives both the same way.
 
-    pool = VmPool(n=2, rdma="rxe")          # boots once; reused by every lab
+    pool = vm_pool(2, "rxe")                # boots once; reused by every lab
     with pool.lab(seed=1) as lab:           # hosts "a", "b": fresh verbs labs in the agents
         pair = RCPair(lab)                  # built in the agents; proxies here
     pool.close()
 
 The controller's clock is its CLOCK_MONOTONIC; each agent's offset is measured at start, so the
-merged history orders records of all hosts on one time line.
+merged history orders records of all hosts on one time line. Each host's records are followed
+as they are written (every FOLLOW_S), so a host lost mid-scenario keeps what it said until then.
 """
 
 from __future__ import annotations
@@ -16,21 +19,24 @@ import errno
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import threading
 import time
 from typing import Callable, Iterable, Optional, Union
 
-from .errors import FaultNotSupported, Hung
+from .errors import FaultNotSupported, HostLost, Hung
 from .errors import make_error as _make_error
 from .faults import NoFaults
+from .protocol import WIRE_PLACEMENT
 from .remote import Agent
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HISTORY_TAIL = 50
 POLL_S = 0.002
-DATA_NETDEV = "eth0"  # the guest NIC on the switch (lab/vmlab/init.sh)
+FOLLOW_S = 0.1  # how often each host's new records are fetched (and its agent checked)
+AGENT_DIR = "/var/tmp/rdmalab-agent"  # where the controller ships its agent on a host
 
 
 def qemu_unavailable() -> Optional[str]:
@@ -47,115 +53,227 @@ def qemu_unavailable() -> Optional[str]:
     return None
 
 
-def _vmlab():
+def _repo_on_path() -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from lab.vmlab import vm as vm_mod
-    return vm_mod
 
 
-class VmPool:
-    """N booted VMs with their agents; labs come and go on them."""
+SOFT_DEVICES = ("rxe", "siw")  # devices `rdma link add` makes
 
-    def __init__(self, n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0):
-        if rdma not in ("rxe", "siw"):
-            raise ValueError(f"VM lab device {rdma!r}: rxe or siw")
-        why = qemu_unavailable()
-        if why:
-            raise RuntimeError(f"the VM lab cannot run here: {why}")
-        vm_mod = _vmlab()
-        self.rdma, self.n = rdma, n
-        self.vmlab = vm_mod.Lab(n, rdma=rdma)
+
+def device_label(device: str) -> str:
+    """The provider a device name says ("rxe0" -> rxe, "mlx5_0" -> mlx5): metrics' label."""
+    return re.sub(r"_?\d+$", "", device) or device
+
+
+class AgentPool:
+    """Machines with their agents; labs come and go on them. `owner` (the VM lab's guests, an
+    inventory's locks) is closed with the pool."""
+
+    def __init__(self, machines: list, *, description: str, switch_control: Optional[str] = None,
+                 owner=None, health_check: bool = False, deploy: bool = True,
+                 agent_dir: str = AGENT_DIR, log: Callable[[str], None] = lambda m: None):
+        self.machines = list(machines)
+        self.description = description
+        self.switch_control = switch_control
+        self.owner, self.check_health, self.deploy = owner, health_check, deploy
+        self.agent_dir, self.log = agent_dir, log
         self.agents: list[Agent] = []
-        self.used: dict[str, int] = {}  # VM name -> labs run on it since its last boot
-        self.boot_s = 0.0
-        t0 = time.monotonic()
+        self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
+        self.leaks: list[str] = []  # what health checks after a lab found left behind
+        self._installed: dict[str, object] = {}  # machine name -> lab.deploy.Installed
         try:
-            self.vmlab.start_all()
-            self.vmlab.wait_all_ready(boot_deadline_s)
-            self.boot_s = time.monotonic() - t0
-            for vm in self.vmlab.vms:
-                self.agents.append(self.start_agent(vm))
+            for m in self.machines:
+                self._ready(m)
+                self.agents.append(self.start_agent(m))
             self.warm_data_path()
         except BaseException:
             self.close()
             raise
 
-    def warm_data_path(self, vms=None, deadline_s: float = 30.0) -> None:
-        """Each VM (of vms, default all) resolves every other's data address (ARP) before a
-        scenario does: on a just-booted TCG guest the first rdma_resolve_addr otherwise spent
-        over a second on it (seen on siw). Also proves the switch carries frames."""
-        vms = list(vms or self.vmlab.vms)
+    def _ready(self, machine) -> None:
+        """Health-checks a machine before it is used (inventory hosts)."""
+        if not self.check_health:
+            return
+        _repo_on_path()
+        from lab import hostcheck
+        problems = hostcheck.health_check(machine)
+        if problems:
+            raise RuntimeError(f"host {machine.name} is not healthy: " + "; ".join(problems))
+
+    def warm_data_path(self, machines=None, deadline_s: float = 30.0) -> None:
+        """Each machine (of machines, default all) resolves every other's data address (ARP)
+        before a scenario does: on a just-booted TCG guest the first rdma_resolve_addr
+        otherwise spent over a second on it (seen on siw). Also proves the path carries."""
+        machines = list(machines or self.machines)
         end = time.monotonic() + deadline_s
-        for vm in vms:
-            for peer in self.vmlab.vms:
-                if peer is vm:
+        for m in machines:
+            for peer in self.machines:
+                if peer is m:
                     continue
-                ip = peer.spec.ip
+                ip, dev = peer.facts.data_address, m.facts.netdev
                 poke = (f"/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_INET, "
                         f"socket.SOCK_DGRAM).sendto(b'rdmalab', ('{ip}', 9))\"; "
-                        f"ip neigh show {ip} dev {DATA_NETDEV}")
+                        f"ip neigh show {ip} dev {dev}")
                 while True:
-                    out = vm.run(poke, 30).out
+                    out = m.run(poke, 30).out
                     if "REACHABLE" in out or "STALE" in out or "DELAY" in out:
                         break
                     if time.monotonic() > end:
-                        raise Hung(f"{vm.spec.name}: ARP {ip}", f"{vm.spec.name} cannot "
-                                   f"resolve {ip} on {DATA_NETDEV} after {deadline_s} s: {out!r}")
+                        raise Hung(f"{m.name}: ARP {ip}", f"{m.name} cannot resolve {ip} on "
+                                   f"{dev} after {deadline_s} s: {out!r}")
                     time.sleep(0.1)
 
-    def start_agent(self, vm) -> Agent:
-        """A new agent (its own python process) in vm, over a new SSH session."""
+    def start_agent(self, machine) -> Agent:
+        """A new agent (its own python process) on machine, over a new SSH session, from the
+        controller's own version of the package shipped there (lab.deploy)."""
         import execnet
-        gw = execnet.makegateway(f"ssh=-F {self.vmlab.ssh_config} {vm.spec.name}"
-                                 f"//python=/usr/bin/python3")
-        return Agent.start(gw, vm.spec.name)
+        gw = execnet.makegateway(machine.execnet_spec())
+        try:
+            channel = None
+            if self.deploy:
+                _repo_on_path()
+                from lab import deploy
+                inst = self._installed.get(machine.name)
+                if inst is None:
+                    inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir,
+                                               log=self.log)
+                    self._installed[machine.name] = inst
+                channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
+            return Agent.start(gw, machine.name, channel=channel)
+        except BaseException:
+            gw.exit()
+            raise
 
-    def replace_agent(self, old: Agent, vm) -> Agent:
-        """A fresh agent on vm (after a reboot) in old's place."""
-        new = self.start_agent(vm)
+    def replace_agent(self, old: Agent, machine) -> Agent:
+        """A fresh agent on machine (after a reboot) in old's place."""
+        new = self.start_agent(machine)
         self.agents[self.agents.index(old)] = new
         return new
 
+    def restart(self, i: int) -> None:
+        """Brings machine i back: power-cycled where it can be (else it must still answer),
+        ready, healthy, with a fresh agent (the deployed agent is checked again: a reboot may
+        have wiped it)."""
+        m = self.machines[i]
+        if m.can_power:
+            m.power_cycle()
+        m.wait_ready(180.0)
+        self._installed.pop(m.name, None)
+        self._ready(m)
+        self.used[m.name] = 0
+        self.agents[i] = self.start_agent(m)
+        self.warm_data_path([m])
+
     def heal(self) -> list[str]:
-        """Reboots each VM whose agent is broken (a shutdown stuck in the kernel, a lost
-        channel) and starts a fresh agent there; returns what was healed and why."""
+        """Restarts each machine whose agent is broken (a shutdown stuck in the kernel, a lost
+        host) and returns what was healed and why."""
         healed = []
         for i, agent in enumerate(self.agents):
             if not agent.broken:
                 continue
-            vm = self.vmlab.vms[i]
-            healed.append(f"{vm.spec.name}: {agent.broken}")
+            healed.append(f"{self.machines[i].name}: {agent.broken}")
             agent.close(deadline_s=5.0)
-            vm.reboot()
-            self.used[vm.spec.name] = 0
-            self.agents[i] = self.start_agent(vm)
-            self.warm_data_path([vm])
+            self.restart(i)
         return healed
 
-    @property
-    def vms(self):
-        return self.vmlab.vms
+    def after_lab(self) -> list[str]:
+        """Health checks after a lab (inventory hosts): what an earlier lab left behind."""
+        if not self.check_health:
+            return []
+        _repo_on_path()
+        from lab import hostcheck
+        found = []
+        for m, agent in zip(self.machines, self.agents):
+            if agent.broken:
+                continue
+            try:
+                found += [f"{m.name}: {p}" for p in hostcheck.health_check(m)]
+            except Exception as e:  # the host went away: the next lab heals it
+                found.append(f"{m.name}: health check failed: {e}")
+        self.leaks += found
+        return found
 
-    @property
-    def workdir(self) -> pathlib.Path:
-        return self.vmlab.workdir
-
-    def lab(self, seed: int = 1, hosts: Iterable[str] = ("a", "b")) -> "VmLab":
-        return VmLab(self, seed, list(hosts))
+    def lab(self, seed: int = 1, hosts: Iterable[str] = ("a", "b"), **options) -> "AgentLab":
+        if options:  # latency_ns, loss_ppm, ...: the model's simulated fabric
+            raise FaultNotSupported("lab options", f"model-only lab options {sorted(options)}: "
+                                    f"the fabric of {self.description} is real (wire faults "
+                                    "go through lab.faults)")
+        if isinstance(hosts, dict):
+            raise FaultNotSupported("lab options", f"per-host personalities {hosts}: the hosts "
+                                    f"of {self.description} are what their devices are")
+        return AgentLab(self, seed, list(hosts))
 
     def close(self) -> None:
         for agent in self.agents:
             agent.close()
         self.agents.clear()
-        self.vmlab.close()
+        if self.owner is not None:
+            self.owner.close()
+
+
+def vm_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0) -> AgentPool:
+    """The VM lab: n qemu guests with rdma (rxe or siw) on the fault switch, their agents."""
+    if rdma not in ("rxe", "siw"):
+        raise ValueError(f"VM lab device {rdma!r}: rxe or siw")
+    why = qemu_unavailable()
+    if why:
+        raise RuntimeError(f"the VM lab cannot run here: {why}")
+    _repo_on_path()
+    from lab.qemu import VmMachines
+    vms = VmMachines(n, rdma, boot_deadline_s)
+    return AgentPool(vms.machines, description=f"vm:{rdma}", switch_control=vms.switch_control,
+                     owner=vms)
+
+
+VmPool = vm_pool  # the name earlier releases used
+
+
+def inventory_pool(path: str, log: Callable[[str], None] = lambda m: None) -> AgentPool:
+    """The hosts of an inventory (lab.inventory): locked for this run, health-checked before
+    use and after each lab, each running the controller's own agent version."""
+    _repo_on_path()
+    from lab import hostcheck, inventory
+    inv = inventory.load(path)
+    machines = inv.machines()
+    locks = _Locks([hostcheck.HostLock(m) for m in machines])
+    try:
+        locks.acquire()
+        switches = {m.facts.wire_switch for m in machines if m.facts.wire_switch}
+        control = None
+        if len(switches) == 1:
+            control = inv.switches[switches.pop()].control
+        return AgentPool(machines, description=f"inventory:{os.path.basename(str(path))}",
+                         switch_control=control, owner=locks, health_check=True,
+                         agent_dir=inv.agent_dir or AGENT_DIR, log=log)
+    except BaseException:
+        locks.close()
+        raise
+
+
+class _Locks:
+    """The inventory hosts' locks, held while the pool lives."""
+
+    def __init__(self, locks):
+        self.locks = locks
+
+    def acquire(self, deadline_s: float = 30.0) -> None:
+        for lock in self.locks:
+            lock.acquire(deadline_s)
+
+    def close(self) -> None:
+        for lock in self.locks:
+            try:
+                lock.release()
+            except Exception:  # the host may be gone; its lock goes with the ssh session
+                pass
 
 
 class NftRule:
     """A wire rule installed as nftables rules in the sending hosts' output hooks (rdmalab.nft):
     `hits` is what their counters saw; `remove()` takes them out."""
 
-    def __init__(self, faults: "VmFaults", action: str, fields: dict, installed: dict):
+    def __init__(self, faults: "AgentFaults", action: str, fields: dict, installed: dict):
         self.action, self.fields = action, fields
         self._faults, self._installed = faults, installed  # host -> nft handle
 
@@ -182,7 +300,7 @@ class SwitchRule:
     """A wire rule in the lab's fault switch: `hits` is the frames it acted on (a watch rule:
     the frames it counted); `remove()` takes it out."""
 
-    def __init__(self, faults: "VmFaults", action: str, rule: dict, rule_id: int):
+    def __init__(self, faults: "AgentFaults", action: str, rule: dict, rule_id: int):
         self.action, self.rule, self.id = action, rule, rule_id
         self._faults = faults
 
@@ -203,14 +321,14 @@ class SwitchRule:
         return f"<SwitchRule {self.id} {self.rule}>"
 
 
-class VmFaults(NoFaults):
-    """The faults the VM lab applies: link down/up of a host's data NIC (rxe and siw raise
-    PORT_ERR / PORT_ACTIVE from the netdev's carrier), and wire rules (drop, watch) as
-    nftables rules inside the sending guests, which rxe and siw traffic passes through. Rules
-    with a Python predicate or a packet count, delays and duplicates need the fault switch; they
-    raise FaultNotSupported, as do reboots and process kills for now."""
+class AgentFaults(NoFaults):
+    """The faults an agent lab applies: wire rules in the fault switch on the path (drop,
+    delay, duplicate, reorder, corrupt, watch) or as nftables rules in the sending hosts
+    (software providers send through the host's stack); link down/up of a host's data NIC;
+    removal and re-adding of a soft device; reboots by power cycle. What a host cannot have
+    (no switch on its path, no power commands) raises FaultNotSupported naming it."""
 
-    def __init__(self, lab: "VmLab"):
+    def __init__(self, lab: "AgentLab"):
         super().__init__(lab)
         self._counts: dict[str, int] = {}
         self._down: set[str] = set()
@@ -224,8 +342,13 @@ class VmFaults(NoFaults):
 
     # -- wire rules (nftables in the guests)
     def _nft(self, host: str, cmd: str) -> str:
-        vm = self._lab.vm_of(host)
-        return vm.run(cmd, 30).check(f"{host}: {cmd}").out
+        m = self._lab.machine_of(host)
+        return m.run(cmd, 30, root=True).check(f"{host}: {cmd}").out
+
+    def _transport(self) -> str:
+        """How nftables finds RDMA in the hosts' traffic: TCP (iWARP) or UDP 4791 (RoCEv2)."""
+        name = next(iter(self._lab.addresses))
+        return "iwarp" if self._lab.host(name).caps().transport == "iWARP" else "roce"
 
     def _wire_rule(self, fault: str, verdict: str, match, count, fields: dict) -> NftRule:
         from . import nft
@@ -237,10 +360,14 @@ class VmFaults(NoFaults):
             raise FaultNotSupported(fault, "nftables counts bytes, not packets: count= needs "
                                     "the fault switch")
         fields = expand_cm(fields)
-        transport = "iwarp" if self._lab.pool.rdma == "siw" else "roce"
-        expr = nft.match_expr(fields, self._lab.addresses, transport, DATA_NETDEV)
         src = fields.get("src_host")
         hosts = [src] if src is not None else list(self._lab.addresses)
+        for host in hosts:
+            why = self._lab.nftables_unusable(host)
+            if why:
+                raise FaultNotSupported(fault, why)
+        netdev = self._lab.machine_of(hosts[0]).facts.netdev
+        expr = nft.match_expr(fields, self._lab.addresses, self._transport(), netdev)
         installed = {}
         for host in hosts:
             if host not in self._nft_ready:
@@ -268,16 +395,15 @@ class VmFaults(NoFaults):
         """`rdma link delete` of the host's soft device. The command may block while user
         contexts stay open (a provider without disassociate_ucontext), so it runs in the
         background; rdma_link_add (or the lab's shutdown) waits for it."""
-        import subprocess as sp
         name = host if isinstance(host, str) else host.name
         if name in self._removed:
             raise _make_error("rdma link delete", errno.EBUSY, f"{name}: its device is already being removed")
-        vm = self._lab.vm_of(name)
-        dev = f"{self._lab.pool.rdma}0"
-        argv = ["ssh", "-F", str(self._lab.pool.vmlab.ssh_config), vm.spec.name,
-                f"rdma link delete {dev}"]
-        self._removed[name] = (dev, sp.Popen(argv, stdin=sp.DEVNULL, stdout=sp.PIPE,
-                                              stderr=sp.STDOUT))
+        m = self._lab.machine_of(name)
+        dev = m.facts.device
+        if device_label(dev) not in SOFT_DEVICES:
+            raise FaultNotSupported(fault, f"{name}: {dev} is not a soft device: `rdma link "
+                                    "add` could not bring it back (rxe and siw only)")
+        self._removed[name] = (dev, m.popen(f"rdma link delete {dev}", root=True))
         self._counts[fault] = self._counts.get(fault, 0) + 1
         self._lab.record("fault", object="device", host=name, fault=fault,
                          command=f"rdma link delete {dev}")
@@ -321,17 +447,18 @@ class VmFaults(NoFaults):
         del self._removed[name]
         self._lab.record("device_removed", object="device", host=name, rc=proc.returncode,
                          output=out.decode(errors="replace")[-500:])
-        vm = self._lab.vm_of(name)
-        vm.run(f"rdma link add {dev} type {self._lab.pool.rdma} netdev {DATA_NETDEV}",
-               30).check(f"{name}: rdma link add {dev}")
+        m = self._lab.machine_of(name)
+        m.run(f"rdma link add {dev} type {device_label(dev)} netdev {m.facts.netdev}", 30,
+              root=True).check(f"{name}: rdma link add {dev}")
         self._lab.record("device_added", object="device", host=name, device=dev)
-        self._wait_usable(name, vm)
+        self._wait_usable(name, m)
 
     # -- hosts
     def reboot(self, host, down_ns: int) -> None:
-        """SIGKILL the host's qemu (a crash: nothing is closed, nothing sent), wait down_ns,
-        boot it again on the same switch port, MAC and address, and start a fresh agent and
-        lab there. Returns once the host is back: its earlier objects are gone."""
+        """Power the host off (a qemu guest: SIGKILL of qemu, a crash: nothing is closed,
+        nothing sent; an inventory host: its power commands), wait down_ns, power it on (a
+        guest on the same switch port, MAC and address), and start a fresh agent and lab
+        there. Returns once the host is back: its earlier objects are gone."""
         name = host if isinstance(host, str) else host.name
         self._lab.reboot_host(name, down_ns)
         self._nft_ready.discard(name)  # the rebooted guest has no rules
@@ -342,10 +469,9 @@ class VmFaults(NoFaults):
     def _switch(self):
         from .fabric import SwitchControl
         if self._control is None:
-            path = self._lab.pool.vmlab.switch_control
-            if path is None:
-                raise FaultNotSupported("switch", "the VM lab runs the Python learning switch "
-                                        "(build/faults/rdmalab-switch is not built): no rules")
+            path = self._lab.switch_unusable()
+            if path.startswith("!"):
+                raise FaultNotSupported("switch", path[1:])
             self._control = SwitchControl(path)
             since = 0  # the end of what earlier labs left in the switch's history
             while True:
@@ -355,8 +481,8 @@ class VmFaults(NoFaults):
                 since = page["last_seq"]
             self._since = since
             self._control.request("hosts", hosts={
-                n: {"mac": vm.spec.data_mac, "ip": vm.spec.ip}
-                for n, vm in ((n, self._lab.vm_of(n)) for n in self._lab.addresses)})
+                n: {"mac": m.facts.mac, "ip": m.facts.data_address}
+                for n, m in ((n, self._lab.machine_of(n)) for n in self._lab.addresses)})
         return self._control
 
     def _switch_rule(self, action: str, match, fields: dict, **params) -> SwitchRule:
@@ -372,11 +498,11 @@ class VmFaults(NoFaults):
         return handle
 
     def _where(self, at: Optional[str]) -> str:
-        if at is None:
-            return "switch" if self._lab.pool.vmlab.switch_control is not None else "host"
+        if at is None:  # the switch where the path has one, else the hosts' nftables
+            return "host" if self._lab.switch_unusable().startswith("!") else "switch"
         if at not in ("switch", "host"):
             raise ValueError(f"at={at!r}: 'switch' (the fault switch) or 'host' (nftables in "
-                             "the sending guest)")
+                             "the sending host)")
         return at
 
     def drop(self, match=None, *, count=None, every=None, probability=None,
@@ -444,29 +570,32 @@ class VmFaults(NoFaults):
 
     def _ip_link(self, host, state: str) -> None:
         name = host if isinstance(host, str) else host.name
-        vm = self._lab.vm_of(name)
-        vm.run(f"ip link set {DATA_NETDEV} {state}", 30).check(f"{name}: ip link set {state}")
+        m = self._lab.machine_of(name)
+        netdev = m.facts.netdev
+        m.run(f"ip link set {netdev} {state}", 30, root=True).check(
+            f"{name}: ip link set {state}")
         if state == "up":
-            self._wait_usable(name, vm)
+            self._wait_usable(name, m)
         self._counts[f"port_{state}"] = self._counts.get(f"port_{state}", 0) + 1
         self._lab.record("fault", object="link", host=name, fault=f"port_{state}",
-                         netdev=DATA_NETDEV)
+                         netdev=netdev)
         (self._down.add if state == "down" else self._down.discard)(name)
 
     @staticmethod
-    def _wait_usable(name: str, vm, deadline_s: float = 30.0) -> None:
+    def _wait_usable(name: str, m, deadline_s: float = 30.0) -> None:
         """Up is not usable yet: the port must be ACTIVE again and the link-local address (the
         GID RoCEv2 routes by) past duplicate address detection, or modify to RTR fails with
         ETIMEDOUT resolving the peer."""
-        probe = (f"cat /sys/class/infiniband/*/ports/1/state; "
-                 f"ip -6 addr show dev {DATA_NETDEV} tentative")
+        f = m.facts
+        probe = (f"cat /sys/class/infiniband/{f.device}/ports/{f.port}/state; "
+                 f"ip -6 addr show dev {f.netdev} tentative")
         end = time.monotonic() + deadline_s
         while True:
-            out = vm.run(probe, 30).out
+            out = m.run(probe, 30).out
             if "ACTIVE" in out and "inet6" not in out:
                 return
             if time.monotonic() > end:
-                raise Hung(f"{name}: link up", f"{name}: {DATA_NETDEV} not usable "
+                raise Hung(f"{name}: link up", f"{name}: {f.netdev} not usable "
                            f"{deadline_s} s after link up:\n{out}")
             time.sleep(0.1)
 
@@ -490,10 +619,13 @@ class VmFaults(NoFaults):
 
     def clear(self) -> None:
         from . import nft
-        for name in list(self._down):  # the next lab on these VMs starts with links up
-            self.port_up(name)
+        lost = self._lab.lost_hosts()  # a lost host is restarted before its next lab
+        for name in list(self._down):  # the next lab on these hosts starts with links up
+            if name not in lost:
+                self.port_up(name)
         for host in list(self._nft_ready):  # and with no rules
-            self._nft(host, f"nft delete table inet {nft.TABLE}")
+            if host not in lost:
+                self._nft(host, f"nft delete table inet {nft.TABLE}")
         self._nft_ready.clear()
         self._rules.clear()
         if self._control is not None:
@@ -505,19 +637,19 @@ class VmFaults(NoFaults):
         self._switch_rules.clear()
 
     def _unsupported_reason(self, fault: str) -> str:
-        return (f"the VM lab ({self._lab.description}) cannot apply {fault} yet (process "
-                "kills, injected events and verb hooks are the model's)")
+        return (f"{self._lab.description} cannot apply {fault} (injected events and verb "
+                "hooks are the model's)")
 
 
-class VmProcess:
-    """A process of a VM host that is an OS process of its own: a second agent in the guest
-    (python over its own SSH session), whose verbs lab has just this process. Its objects
-    live there, so kill() is a real SIGKILL: the guest kernel releases them (uverbs, ucma) as
-    it does for any process that dies."""
+class AgentProcess:
+    """A process of an agent host that is an OS process of its own: a second agent on the
+    machine (python over its own SSH session), whose verbs lab has just this process. Its
+    objects live there, so kill() is a real SIGKILL: the host's kernel releases them (uverbs,
+    ucma) as it does for any process that dies."""
 
-    def __init__(self, lab: "VmLab", host: str, name: str):
+    def __init__(self, lab: "AgentLab", host: str, name: str):
         self._lab, self.name, self._host_name = lab, name, host
-        self._agent = lab.pool.start_agent(lab.vm_of(host))
+        self._agent = lab.pool.start_agent(lab.machine_of(host))
         try:
             self._agent.new_lab(lab.seed, host, lab.addresses)
             self.host = self._agent.lab.host(host)
@@ -603,7 +735,7 @@ class VmProcess:
 
     def __repr__(self) -> str:
         state = "killed" if self._killed else "alive"
-        return f"<VmProcess {self.name} pid {self.pid} on {self._host_name} ({state})>"
+        return f"<AgentProcess {self.name} pid {self.pid} on {self._host_name} ({state})>"
 
 
 def _proc_state(agent: Agent, pid: int) -> str:
@@ -617,40 +749,84 @@ def _proc_state(agent: Agent, pid: int) -> str:
     return ""
 
 
-class VmLab:
-    """A Lab whose hosts are VMs of a pool: the same API as rdmalab.Lab (hosts, faults, waits,
-    history), with every host's objects in that VM's agent."""
+class AgentLab:
+    """A Lab (rdmalab.protocol) whose hosts are a pool's machines, every host's objects in
+    that machine's agent. A host whose agent stops answering mid-scenario (a crash, a reboot
+    nobody asked for, a lost SSH session) is recorded as lost, with every record it had
+    written until then; the pool restarts it before the next lab."""
 
     backend = "verbs"
     replayable = False
     # TCG guests: CM timers and events were seen up to ~260 ms late (docs/vmlab.md).
     tolerance_ns = 500 * 10**6
 
-    def __init__(self, pool: VmPool, seed: int, names: list[str]):
+    def __init__(self, pool: AgentPool, seed: int, names: list[str]):
         if len(names) > len(pool.agents):
-            raise FaultNotSupported("hosts", f"the VM lab has {len(pool.agents)} hosts; the "
-                                    f"scenario wants {len(names)} ({', '.join(names)})")
-        healed = pool.heal()  # a stuck agent from an earlier lab: rebooted first
+            raise FaultNotSupported("hosts", f"{pool.description} has {len(pool.agents)} hosts; "
+                                    f"the scenario wants {len(names)} ({', '.join(names)})")
+        healed = pool.heal()  # a stuck or lost host from an earlier lab: restarted first
         self.pool, self.seed = pool, seed
-        self.description = f"vm:{pool.rdma}"
+        self.description = pool.description
         self.replay = ""
         self._t0 = time.monotonic_ns()
         self._agents = dict(zip(names, pool.agents))
-        self._vms = dict(zip(names, pool.vms))
-        self.addresses = {n: vm.spec.ip for n, vm in self._vms.items()}
+        self._machines = dict(zip(names, pool.machines))
+        self.addresses = {n: m.facts.data_address for n, m in self._machines.items()}
         for name, agent in self._agents.items():
             agent.new_lab(seed, name, self.addresses)
-            vm_name = self._vms[name].spec.name
-            pool.used[vm_name] = pool.used.get(vm_name, 0) + 1  # labs since its boot
-        self._faults = VmFaults(self)
+            mname = self._machines[name].name
+            pool.used[mname] = pool.used.get(mname, 0) + 1  # labs since its boot
+        self._faults = AgentFaults(self)
         self._records: list[dict] = []
-        self._archived: list[dict] = []  # records of agents lost to a reboot or a kill
-        self._procs: list[VmProcess] = []  # killable processes (agents of their own)
-        self._shutdown_hooks: list[Callable[["VmLab"], None]] = []
-        self._lock = threading.Lock()
+        self._archived: list[dict] = []  # records of agents gone (a reboot, a kill, a loss)
+        self._followed: dict[str, list[dict]] = {n: [] for n in names}  # each host's records
+        self._lost: dict[str, dict] = {}
+        self._procs: list[AgentProcess] = []  # killable processes (agents of their own)
+        self._shutdown_hooks: list[Callable[["AgentLab"], None]] = []
+        self._lock = threading.RLock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
-                    vms={n: vm.spec.name for n, vm in self._vms.items()}, healed=healed)
+                    machines={n: m.name for n, m in self._machines.items()}, healed=healed)
+        self._stop_follow = threading.Event()
+        self._follower = threading.Thread(target=self._follow_loop, daemon=True,
+                                          name=f"follow-{self.description}")
+        self._follower.start()
+
+    # -- what this lab can do (rdmalab.protocol)
+    @property
+    def capabilities(self) -> frozenset:
+        caps = set()
+        if not self.switch_unusable().startswith("!") and not any(
+                self.nftables_unusable(n) for n in self._machines):
+            caps.add(WIRE_PLACEMENT)
+        return frozenset(caps)
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def switch_unusable(self) -> str:
+        """The fault switch's control socket, or "!why" when rules cannot go to a switch."""
+        if self.pool.switch_control is None:
+            return (f"!no fault switch on the path of {self.description}'s hosts (the VM lab "
+                    "without build/faults/rdmalab-switch, or no [[switch]] in the inventory)")
+        off = [n for n, m in self._machines.items() if m.facts.wire_switch == ""]
+        if off:
+            return f"!host(s) {', '.join(off)} are not behind the fault switch (wire.via)"
+        return self.pool.switch_control
+
+    def nftables_unusable(self, host: str) -> str:
+        """Why a wire rule cannot sit in host's own nftables ("" when it can): the host's
+        traffic must go through its network stack (rxe, siw) or the inventory says so."""
+        from lab.machine import WIRE_NFTABLES
+        m = self._machines[host]
+        if m.facts.wire == WIRE_NFTABLES or device_label(m.facts.device) in SOFT_DEVICES:
+            return ""
+        return (f"{host} ({m.name}): {m.facts.device} sends past the host's network stack; "
+                f"nftables there sees none of it (wire.via is {m.facts.wire!r})")
+
+    def place(self, anchor) -> Optional[Agent]:
+        """A host name is built in that host's agent (objects say where they live)."""
+        return self._agents.get(anchor) if isinstance(anchor, str) else None
 
     # -- hosts
     now_ns = property(lambda self: time.monotonic_ns())
@@ -663,33 +839,34 @@ class VmLab:
         if name not in self._agents:
             raise KeyError(f"no host {name!r} in {self.description}; hosts: "
                            f"{', '.join(self._agents)}")
+        self._check_lost(name)
         return self._agents[name].lab.host(name)
 
     def agent_for(self, name: str) -> Optional[Agent]:
         return self._agents.get(name)
 
-    def vm_of(self, name: str):
-        return self._vms[name]
+    def machine_of(self, name: str):
+        return self._machines[name]
 
-    def killable_process(self, host: str, name: str) -> VmProcess:
-        """A process that kill() SIGKILLs: an OS process of its own in the guest (a second
+    def killable_process(self, host: str, name: str) -> AgentProcess:
+        """A process that kill() SIGKILLs: an OS process of its own on the host (a second
         agent, started over SSH: a few seconds on TCG), not a part of the host's agent."""
         if host not in self._agents:
             raise KeyError(f"no host {host!r} in {self.description}; hosts: "
                            f"{', '.join(self._agents)}")
-        proc = VmProcess(self, host, name)
+        proc = AgentProcess(self, host, name)
         self._procs.append(proc)
         self.record("process_start", object=f"proc:{name}", host=host, pid=proc.pid)
         return proc
 
     def kernel_resources(self, host: str, pids: set[int]) -> dict[str, int]:
-        """What the guest's kernel still holds for these pids (restrack records the creating
+        """What the host's kernel still holds for these pids (restrack records the creating
         thread's TID, so a process is the set of its threads), by kind (`rdma res show`: qp,
         cq, pd, mr, cm_id, ctx, srq); kinds with none are left out."""
         out = {}
-        vm = self._vms[host]
+        m = self._machines[host]
         for kind in ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq"):
-            res = vm.run(f"rdma -j res show {kind}", 30)
+            res = m.run(f"rdma -j res show {kind}", 30, root=True)
             if res.rc != 0:  # a kind this iproute2 or kernel does not list
                 continue
             try:
@@ -702,30 +879,81 @@ class VmLab:
         return out
 
     def devices_by_host(self) -> dict[str, str]:
-        """host -> the device label metrics use ("rxe", "siw")."""
-        return {name: self.pool.rdma for name in self._agents}
+        """host -> the device label metrics use ("rxe", "siw", "mlx5")."""
+        return {n: device_label(m.facts.device) for n, m in self._machines.items()}
 
-    def on_shutdown(self, fn: Callable[["VmLab"], None]) -> None:
+    def attach_metrics(self, metrics) -> None:
+        """The records are on the hosts: counted from the merged history at shutdown."""
+        backend = self.description.partition(":")[0]
+        self.on_shutdown(lambda lab: metrics.ingest_lab(lab, backend=backend))
+
+    def on_shutdown(self, fn: Callable[["AgentLab"], None]) -> None:
         """fn(lab) after the lab has shut down, its history complete (metrics ingest it)."""
         self._shutdown_hooks.append(fn)
-
-    def _archive(self, fetch: Callable[[], list[dict]], host: str, object: str) -> None:
-        """Keeps fetch()'s records past their agent (a reboot, a kill, shutdown); an agent that
-        cannot answer any more loses them, and the history says so."""
-        try:
-            records = fetch()
-        except Exception as e:
-            records = []
-            self.record("history_lost", object=object, host=host, error=str(e))
-        with self._lock:
-            self._archived += records
 
     def address_of(self, host: str) -> str:
         return self.addresses.get(host, host)
 
     @property
-    def faults(self) -> VmFaults:
+    def faults(self) -> AgentFaults:
         return self._faults
+
+    # -- lost hosts
+    def lost_hosts(self) -> dict[str, dict]:
+        """host -> what is known of its loss (machine, at_ns, error, records_kept). Asks each
+        live agent once, so a loss is known as soon as the scenario's call failed."""
+        if not self._shut:
+            for name in list(self._agents):
+                self._fetch(name)
+        with self._lock:
+            return {n: dict(v) for n, v in self._lost.items()}
+
+    def _check_lost(self, name: str) -> None:
+        lost = self._lost.get(name)
+        if lost is not None:
+            raise HostLost(name, lost)
+
+    def _lose(self, name: str, error: BaseException) -> None:
+        agent = self._agents[name]
+        with self._lock:
+            if name in self._lost or agent.broken:  # known, or a fault took it on purpose
+                return
+            m = self._machines[name]
+            info = {"machine": m.name, "at_ns": self.now_ns - self._t0,
+                    "error": f"{type(error).__name__}: {error}",
+                    "records_kept": len(self._followed[name])}
+            self._lost[name] = info
+            agent.broken = f"host lost: {info['error']}"
+        self.record("host_lost", object="host", host=name, **info)
+
+    def _fetch(self, name: str) -> list[dict]:
+        """The host's records so far: what was followed, plus anything new from its agent."""
+        agent = self._agents[name]
+        if agent.broken or agent.lab is None:
+            return self._followed[name]
+        try:
+            text = agent.lab._o.history_since_jsonl(len(self._followed[name]))
+        except Exception as e:
+            if isinstance(e, (EOFError, OSError)) or agent.conn.closed:
+                self._lose(name, e)
+            return self._followed[name]
+        with self._lock:
+            known = self._followed[name]
+            for line in text.splitlines():
+                r = json.loads(line)
+                if r["seq"] != len(known):  # fetched meanwhile by another thread
+                    continue
+                r["host_seq"] = r.pop("seq")
+                r["t_ns"] -= self._t0  # the agent's clock is offset onto ours
+                known.append(r)
+            return known
+
+    def _follow_loop(self) -> None:
+        while not self._stop_follow.wait(FOLLOW_S):
+            for name in list(self._agents):
+                if self._stop_follow.is_set():
+                    return
+                self._fetch(name)
 
     # -- time (wall clock: devices run on their own)
     def run_for(self, duration_ns: int) -> None:
@@ -739,6 +967,8 @@ class VmLab:
         start = self.now_ns
         end = start + timeout_ns
         while not pred():
+            if self._lost:
+                raise HostLost(*next(iter(self._lost.items())))
             if self.now_ns >= end:
                 raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what}"))
             time.sleep(POLL_S)
@@ -760,12 +990,13 @@ class VmLab:
         the lab's start), ordered by time; seq renumbered, each host's own seq kept as
         host_seq."""
         merged = []
-        for agent in self._agents.values():
-            merged += self._agent_records(agent)
+        for name in self._agents:
+            merged += [dict(r) for r in self._fetch(name)]
         for proc in self._procs:
             merged += proc.records()
         for r in self._faults.switch_history():  # the switch runs on this machine's clock
-            merged.append({"seq": 0, "host_seq": r.get("seq", 0), "t_ns": r.get("t_ns", 0) - self._t0,
+            merged.append({"seq": 0, "host_seq": r.get("seq", 0),
+                           "t_ns": r.get("t_ns", 0) - self._t0,
                            "host": "switch", "object": f"rule:{r.get('rule', '')}",
                            "kind": f"switch_{r.get('action', 'record')}", "data": r})
         with self._lock:
@@ -777,43 +1008,65 @@ class VmLab:
         return merged[since_seq:]
 
     def _agent_records(self, agent: Agent) -> list[dict]:
+        """All of an agent's records (a killable process's agent, not followed)."""
         if agent.lab is None:
             return []
         out = []
         for line in agent.lab._o.history_jsonl().splitlines():
             r = json.loads(line)
             r["host_seq"] = r.pop("seq")
-            r["t_ns"] -= self._t0  # the agent's clock is offset onto ours
+            r["t_ns"] -= self._t0
             out.append(r)
         return out
 
+    def _archive(self, fetch: Callable[[], list[dict]], host: str, object: str) -> None:
+        """Keeps fetch()'s records past their agent (a reboot, a kill, shutdown); an agent that
+        cannot answer any more loses them, and the history says so."""
+        try:
+            records = fetch()
+        except Exception as e:
+            records = []
+            self.record("history_lost", object=object, host=host, error=str(e))
+        with self._lock:
+            self._archived += records
+
+    def _archive_host(self, name: str) -> None:
+        """Moves a host's followed records to the archive (its agent is about to go)."""
+        records = self._fetch(name)
+        with self._lock:
+            self._archived += records
+            self._followed[name] = []
+
     def fresh_hosts(self, *names: str) -> None:
-        """Reboots each of these hosts whose VM earlier labs used, so the host is as booted:
-        its next QP gets the first QPN again (rxe counts QPNs from 17 per boot)."""
+        """Reboots each of these hosts that earlier labs used, so the host is as booted: its
+        next QP gets the first QPN again (rxe counts QPNs from 17 per boot)."""
         for name in names:
             if name not in self._agents:
                 raise KeyError(f"no host {name!r} in {self.description}")
-            if self.pool.used.get(self._vms[name].spec.name, 0) > 1:
+            if self.pool.used.get(self._machines[name].name, 0) > 1:
                 self.reboot_host(name, 0)
 
     def reboot_host(self, name: str, down_ns: int, boot_deadline_s: float = 180.0) -> None:
-        """The reboot fault (VmFaults.reboot): the history so far is kept, the VM killed,
-        booted again after down_ns, and a new agent and lab started there."""
-        agent, vm = self._agents[name], self._vms[name]
-        self._archive(lambda: self._agent_records(agent), name, "host")
+        """The reboot fault (AgentFaults.reboot): the history so far is kept, the machine
+        powered off, on again after down_ns, and a new agent and lab started there."""
+        agent, m = self._agents[name], self._machines[name]
+        if not m.can_power:
+            raise FaultNotSupported("reboot", f"host {name} ({m.name}) has no power commands "
+                                    "(the inventory's power = {on, off, cycle})")
+        self._archive_host(name)
         self.record("fault", object="host", host=name, fault="reboot", down_ns=down_ns,
-                    vm=vm.spec.name)
-        vm.kill()
-        agent.broken = "its VM was killed by a reboot fault"
+                    machine=m.name)
+        agent.broken = "its machine was powered off by a reboot fault"
+        m.power_off()
         agent.lab = None
         agent.close(deadline_s=5.0)
         time.sleep(down_ns / 1e9)
-        vm.start()
-        boot_s = vm.wait_ready(boot_deadline_s)
-        new = self.pool.replace_agent(agent, vm)
-        self.pool.warm_data_path([vm])
+        m.power_on()
+        boot_s = m.wait_ready(boot_deadline_s)
+        new = self.pool.replace_agent(agent, m)
+        self.pool.warm_data_path([m])
         new.new_lab(self.seed, name, self.addresses)
-        self.pool.used[vm.spec.name] = 1  # this lab, on a fresh boot
+        self.pool.used[m.name] = 1  # this lab, on a fresh boot
         self._agents[name] = new
         self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3))
 
@@ -827,26 +1080,33 @@ class VmLab:
     def dump_state(self) -> str:
         lines = []
         for name, agent in self._agents.items():
-            vm = self._vms[name]
+            m = self._machines[name]
+            if name in self._lost:
+                lines.append(f"host {name} = {m.name}: LOST {self._lost[name]}")
+                continue
             procs = [p.name for p in agent.lab.host(name).processes] if agent.lab else []
             procs += [f"{p.name} (pid {p.pid}{'' if p.alive else ', killed'})"
                       for p in self._procs if p._host_name == name]
-            lines.append(f"host {name} = {vm.spec.name} ({vm.spec.ip}, {self.pool.rdma}): "
-                         f"processes {procs}")
+            lines.append(f"host {name} = {m.name} ({m.facts.data_address}, "
+                         f"{m.facts.device}): processes {procs}")
         return "\n".join(lines)
 
     def diagnostic(self, headline: str) -> str:
         tail = self.history()[-HISTORY_TAIL:]
         lines = [f"Hung: {headline}", f"lab: {self.description} seed={self.seed} "
-                 f"(not replayable: real devices) workdir={self.pool.workdir}",
+                 f"(not replayable: real devices)",
                  "--- state ---", self.dump_state(), f"--- last {len(tail)} history records ---"]
         lines += [json.dumps(r, sort_keys=True) for r in tail]
         return "\n".join(lines)
 
     def check_errors(self) -> None:
-        for agent in [*self._agents.values(), *(p.agent for p in self._procs)]:
-            if agent is not None and agent.lab is not None:
+        for name, agent in self._agents.items():
+            self._check_lost(name)
+            if agent.lab is not None:
                 agent.lab.check_errors()
+        for proc in self._procs:
+            if proc.agent is not None and proc.agent.lab is not None:
+                proc.agent.lab.check_errors()
 
     # -- lifetime
     def shutdown(self) -> None:
@@ -857,6 +1117,8 @@ class VmLab:
         try:
             self._faults.note_removals()
             self._faults.clear()
+        except Exception as e:
+            errors.append(e)
         finally:
             for proc in self._procs:  # their own agents, before the hosts' agents
                 self._archive(proc.records, proc._host_name, f"proc:{proc.name}")
@@ -865,30 +1127,38 @@ class VmLab:
                 except Exception as e:
                     errors.append(e)
             for name, agent in self._agents.items():
-                # The history outlives the lab: written after shutdown.
-                self._archive(lambda agent=agent: self._agent_records(agent), name, "host")
+                # The history outlives the lab: kept past the agent's lab.
+                self._archive_host(name)
+                if name in self._lost:
+                    continue  # nothing to close there; the pool restarts it
                 try:
                     agent.close_lab()
                 except Exception as e:  # the others still close; the next lab heals it
                     agent.broken = agent.broken or f"lab shutdown failed: {e}"
                     errors.append(e)
+            self._stop_follow.set()
+            self._follower.join(5.0)
             try:
                 self._faults.restore_devices()  # contexts closed: removals can finish
             except Exception as e:
                 errors.append(e)
+            leaks = self.pool.after_lab()
+            if leaks:
+                self.record("host_leaks", object="lab", leaks=leaks)
             for hook in self._shutdown_hooks:
                 try:
                     hook(self)
                 except Exception as e:
                     errors.append(e)
-        if errors:
+        if errors and not self._lost:
             raise errors[0]
 
-    def __enter__(self) -> "VmLab":
+    def __enter__(self) -> "AgentLab":
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
     def __repr__(self) -> str:
-        return f"<VmLab {self.description} hosts={list(self._agents)}>"
+        return f"<AgentLab {self.description} hosts={list(self._agents)}>"
+
