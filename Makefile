@@ -13,7 +13,8 @@ OUT        ?= out
 DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
         libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev \
-        prometheus prometheus-pushgateway python3-yaml python3-rpyc nftables clang libclang-rt-14-dev
+        prometheus prometheus-pushgateway python3-yaml python3-rpyc nftables clang libclang-rt-14-dev \
+        openssh-server openssh-client python3-pytest-xdist
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
@@ -94,26 +95,42 @@ TEST_FUZZ_SECONDS ?= 30
 test-fuzz:
 	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
-# The scenario suite: the model's prediction (roce) beside soft-RoCE in the VM lab (rxe); where
-# qemu cannot run, the CLI says so and runs the model alone.
-RUN_LABS ?= --lab model:roce --lab vm:rxe
+# The scenario suite on the first table a new user sees: each scenario on a model
+# personality that can run it (ib: XRC, QP_FATAL; iwarp-siw: the iWARP seeds) and on each
+# device of the VM lab (rxe, siw); where qemu cannot run, the CLI says why and runs the
+# model's prediction for that device instead.
+RUN_LABS ?= --lab model:ib --lab model:iwarp-siw --lab vm:rxe --lab vm:siw
 
-run: build
+run: build vmlab-deps
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare || \
+	  echo "run: the VM lab's kernel could not be prepared; the CLI falls back to the model"
 	$(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT)
 
-# The scenarios on real kernel drivers: soft-RoCE (rxe) and soft-iWARP (siw) in the VM lab, two
-# qemu hosts each, one device at a time (2 cores: four TCG guests at once would starve). Both
-# run even when the first fails; the target fails if either did.
-VM_DEVICES ?= rxe siw
+# The scenarios on real kernel drivers, two qemu hosts each, one device at a time (2 cores:
+# four TCG guests at once would starve): rxe through an inventory of guests that `lab.vmlab
+# up` boots and that see nothing of this checkout (the agent is shipped to them over SSH, as
+# to real machines), then a host lost mid-scenario on those guests (tests/vm); siw through
+# `--lab vm:siw`, the one-command path. All run even when one fails; the target fails if any
+# did.
 VM_HOSTS   ?= 2
+INVENTORY  ?= $(CURDIR)/.cache/vmlab/inventory-rxe.toml
+VMLAB      := PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab
 
 test-vm: build vmlab-deps
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare
-	@rc=0; for d in $(VM_DEVICES); do \
-	  echo "== scenarios on vm:$$d ($(VM_HOSTS) hosts)"; \
-	  $(PYTEST) tests/scenarios --lab vm:$$d --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs \
-	    || rc=1; \
-	done; exit $$rc
+	$(VMLAB) prepare
+	@rc=0; \
+	echo "== scenarios on rxe guests as inventory machines ($(INVENTORY))"; \
+	if $(VMLAB) up --device rxe --hosts $(VM_HOSTS) --inventory $(INVENTORY); then \
+	  $(PYTEST) tests/scenarios --lab inventory:$(INVENTORY) --vm-hosts $(VM_HOSTS) \
+	    --rdmalab-timeout 180 -rxXs || rc=1; \
+	  echo "== the same guests: inventory checks and a host lost mid-scenario"; \
+	  RDMALAB_INVENTORY=$(INVENTORY) $(PYTEST) tests/vm -rxXs || rc=1; \
+	  $(VMLAB) down --inventory $(INVENTORY) || rc=1; \
+	else rc=1; fi; \
+	echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"; \
+	$(PYTEST) tests/scenarios --lab vm:siw --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs \
+	  || rc=1; \
+	exit $$rc
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -411,7 +411,7 @@ class NoFaults:
         return unsupported
 
     def _unsupported_reason(self, fault: str) -> str:
-        return f"backend {self._lab.backend} cannot apply this fault"
+        return f"{self._lab.description or self._lab.backend} cannot apply this fault"
 
 
 def _host_name(host) -> str:

@@ -74,8 +74,18 @@ class LabSpec:
         return _caps_of(self)
 
 
-@functools.lru_cache(maxsize=None)
 def _caps_of(spec: LabSpec) -> DeviceCaps:
+    try:
+        return _probe_caps(spec)
+    except (pytest.UsageError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # a lab that cannot start: say why, no INTERNALERROR trace
+        raise pytest.UsageError(f"--lab {spec.option}: the lab cannot start: "
+                                f"{type(e).__name__}: {e}") from e
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_caps(spec: LabSpec) -> DeviceCaps:
     with spec.build(seed=1, hosts=("probe",)) as lab:
         from .remote import obtain
         return obtain(lab.host("probe").caps())
@@ -158,7 +168,7 @@ class InventoryKind(AgentKind):
 
     @staticmethod
     def pool(agentlab, spec: LabSpec):
-        return agentlab.inventory_pool(spec.personality)
+        return agentlab.inventory_pool(spec.personality, hosts=_VM_HOSTS[0])
 
     @staticmethod
     def label(path: str) -> str:
@@ -400,6 +410,22 @@ def pytest_collection_modifyitems(config, items):
             if reason:
                 raises = mark.kwargs.get("raises", AssertionError)
                 item.add_marker(pytest.mark.xfail(strict=True, raises=raises, reason=reason))
+    # One lab's scenarios together, in --lab order: each machine pool then lives only while
+    # its column runs (2 cores cannot carry two VM labs at once). Caps probing booted every
+    # pool: all but the first go until their column comes.
+    order = {spec: i for i, spec in enumerate(config.stash[_SETTINGS].specs)}
+    items.sort(key=lambda it: -1 if _spec_of(it) is None else order.get(_spec_of(it), -1))
+    first = next((_spec_of(it) for it in items if _spec_of(it) in _POOLS), None)
+    for spec in [s for s in _POOLS if s != first]:
+        _POOLS.pop(spec).close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a column's last scenario (its fixtures torn down), its machine pool goes."""
+    spec = _spec_of(item)
+    if spec in _POOLS and (nextitem is None or _spec_of(nextitem) != spec):
+        _POOLS.pop(spec).close()
 
 
 def finding_on(mark, spec) -> Optional[str]:

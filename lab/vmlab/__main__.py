@@ -1,12 +1,14 @@
-"""python3 -m lab.vmlab {prepare|selftest|boot} (run from the repository root)."""
+"""python3 -m lab.vmlab {prepare|selftest|boot|up|down|power|serve} (run from the repository
+root; up/down/power/serve: lab/vmlab/up.py)."""
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 import time
 
-from . import initrd, kernel, selftest
+from . import initrd, kernel, selftest, up
 from .vm import Lab, VmError
 
 
@@ -51,6 +53,16 @@ def cmd_boot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    if not 1 <= args.hosts <= 16:
+        raise up.UpError(f"--hosts {args.hosts}: 1 to 16")
+    return up.up(args.device, args.hosts, args.inventory, args.memory)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return up.serve(args.state.resolve(), args.device, args.hosts, args.memory)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m lab.vmlab")
     sub = ap.add_subparsers(dest="action", required=True)
@@ -64,8 +76,31 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--rdma", default="rxe", choices=["rxe", "siw", "none"])
     bt.add_argument("--timeout", type=float, default=60.0)
     bt.add_argument("cmd", nargs="?", default="rdma link; ibv_devices")
+    u = sub.add_parser("up", help="boot N guests that do not see this checkout, write an "
+                       "inventory for them and leave them running")
+    sv = sub.add_parser("serve", help="(started by up) the supervisor that owns the guests")
+    for p in (u, sv):
+        p.add_argument("--device", default="rxe", choices=["rxe", "siw"])
+        p.add_argument("--hosts", type=int, default=2)
+        p.add_argument("--memory", type=int, default=512, metavar="MB")
+    u.add_argument("--inventory", type=pathlib.Path, required=True)
+    sv.add_argument("--state", type=pathlib.Path, required=True)
+    dn = sub.add_parser("down", help="stop the guests an inventory from up describes")
+    dn.add_argument("--inventory", type=pathlib.Path, required=True)
+    pw = sub.add_parser("power", help="SIGKILL (off), boot (on) or both (cycle) one guest")
+    pw.add_argument("--inventory", type=pathlib.Path, required=True)
+    pw.add_argument("--host", required=True)
+    pw.add_argument("what", choices=["on", "off", "cycle"])
     args = ap.parse_args(argv)
-    return {"prepare": cmd_prepare, "selftest": cmd_selftest, "boot": cmd_boot}[args.action](args)
+    commands = {"prepare": cmd_prepare, "selftest": cmd_selftest, "boot": cmd_boot,
+                "up": cmd_up, "serve": cmd_serve,
+                "down": lambda a: up.down(a.inventory),
+                "power": lambda a: up.power(a.inventory, a.host, a.what)}
+    try:
+        return commands[args.action](args)
+    except up.UpError as exc:
+        print(f"vmlab {args.action}: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

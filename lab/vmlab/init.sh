@@ -3,6 +3,8 @@
 #   vmlab.name vmlab.ip (data, CIDR) vmlab.dmac vmlab.cmac (NIC MACs) vmlab.rdma (rxe|siw|none)
 #   vmlab.port (agent port on the control NIC) vmlab.agent (agent.py path in the host tree)
 #   vmlab.sshkeys (folder in the host tree with the sshd host key and authorized_keys, or none)
+#   vmlab.hide (host paths, comma-separated, the guest must not see: an empty tmpfs over each;
+#   or none). The agent and the ssh keys are copied into the guest's /run/vmlab first.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -28,6 +30,7 @@ ifname() {  # interface whose MAC is $1
 
 NAME=$(arg name); IP=$(arg ip); DMAC=$(arg dmac); CMAC=$(arg cmac)
 RDMA=$(arg rdma); PORT=$(arg port); AGENT=$(arg agent); SSHKEYS=$(arg sshkeys)
+HIDE=$(arg hide)
 
 # Modules in dependency order (computed on the host with modinfo); siw only when asked,
 # since it taints the kernel.
@@ -78,13 +81,33 @@ case "$RDMA" in
 esac
 log "rdma $RDMA up"
 
+# The agent and sshd's keys are read from the guest's own tmpfs, so that they still work where
+# the host paths they came from are hidden below.
+V=$R/run/vmlab
+mkdir -p $V && chmod 700 $V
+cp "$R$AGENT" $V/agent.py || die "copy agent $AGENT"
+if [ "$SSHKEYS" != none ]; then
+  for f in ssh_host_ed25519_key authorized_keys; do
+    cp "$R$SSHKEYS/$f" $V/$f && chmod 600 $V/$f || die "copy $SSHKEYS/$f"
+  done
+fi
+if [ "$HIDE" != none ]; then
+  for p in $(echo "$HIDE" | tr , ' '); do
+    mkdir -p "$R$p" && mount -t tmpfs -o mode=755 tmpfs "$R$p" || die "hide $p"
+  done
+  # The overlay keeps its lower layer; detached here, /host is not reachable from the new
+  # root either (e.g. through /proc/1/root/host).
+  umount -l /host || die "detach /host"
+  log "hidden: $HIDE"
+fi
+
 # sshd from the host's openssh-server, keys made on the host (lab/vmlab/ssh.py), no config file.
-# StrictModes off: a checkout under /tmp (mode 1777) fails sshd's path check for the key files,
-# and this throwaway guest has no other users to protect them from.
+# StrictModes off: the key copies sit under /run, a mode-1777 tmpfs, which fails sshd's path
+# check, and this throwaway guest has no other users to protect them from.
 if [ "$SSHKEYS" != none ]; then
   mkdir -p $R/run/sshd
   chroot $R /usr/sbin/sshd -D -e -f /dev/null -o ListenAddress=10.0.2.15 -o Port=22 \
-    -o HostKey="$SSHKEYS/ssh_host_ed25519_key" -o AuthorizedKeysFile="$SSHKEYS/authorized_keys" \
+    -o HostKey=/run/vmlab/ssh_host_ed25519_key -o AuthorizedKeysFile=/run/vmlab/authorized_keys \
     -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no \
     -o KbdInteractiveAuthentication=no -o UsePAM=no -o PidFile=/run/sshd.pid \
     -o StrictModes=no \
@@ -92,6 +115,6 @@ if [ "$SSHKEYS" != none ]; then
 fi
 
 # The agent prints VMLAB-READY once it listens; it powers the VM off on request.
-chroot $R /usr/bin/python3 -u -S -E "$AGENT" --port "$PORT" > /dev/console 2>&1 &
+chroot $R /usr/bin/python3 -u -S -E /run/vmlab/agent.py --port "$PORT" > /dev/console 2>&1 &
 wait $!
 die "agent exited"

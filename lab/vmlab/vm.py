@@ -86,6 +86,16 @@ def tail(path: pathlib.Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _hide_arg(paths: list[pathlib.Path]) -> str:
+    """vmlab.hide's value: absolute paths joined by commas (the kernel command line splits on
+    blanks, init.sh on commas), or none."""
+    for p in paths:
+        if not p.is_absolute() or any(c.isspace() or c == "," for c in str(p)):
+            raise VmError(f"cannot hide {str(p)!r} in a guest: an absolute path without "
+                          "blanks or commas is needed")
+    return ",".join(str(p) for p in paths) or "none"
+
+
 @dataclasses.dataclass
 class VmSpec:
     index: int                  # 1-based; address 10.0.0.<index>
@@ -93,6 +103,9 @@ class VmSpec:
     memory_mb: int = 512
     cpus: int = 1
     ssh_keys: pathlib.Path | None = None  # ssh.ensure_keys(); None: no sshd in the guest
+    # Host paths the guest must not see (an empty tmpfs over each): e.g. the checkout, so a
+    # guest is a machine the controller reaches by SSH alone. Empty: the whole host root.
+    hide: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -137,7 +150,7 @@ class Vm:
         append = (f"console=ttyS0 panic=-1 quiet loglevel=4 vmlab.name={s.name} "
                   f"vmlab.ip={s.ip}/24 vmlab.dmac={s.data_mac} vmlab.cmac={s.ctl_mac} "
                   f"vmlab.rdma={s.rdma} vmlab.port={GUEST_PORT} vmlab.agent={AGENT} "
-                  f"vmlab.sshkeys={s.ssh_keys or 'none'}")
+                  f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_hide_arg(s.hide)}")
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-:{GUEST_PORT}"
         if s.ssh_keys is not None:
             fwd += f",hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
@@ -281,7 +294,8 @@ class Lab:
 
     def __init__(self, n: int, rdma: str = "rxe", memory_mb: int = 512,
                  workdir: pathlib.Path | None = None, pcap: bool = True,
-                 sshd: bool = True, seed: int = 1) -> None:
+                 sshd: bool = True, seed: int = 1,
+                 hide: list[pathlib.Path] | None = None) -> None:
         self.kernel = kernel_mod.ensure()
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
@@ -293,8 +307,9 @@ class Lab:
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
         self.switch_sock = self.workdir / "sw.sock"
-        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys), self.workdir,
-                       self.switch_sock, self.kernel.vmlinuz, self.initrd) for i in range(n)]
+        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys, hide=list(hide or [])),
+                       self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd)
+                    for i in range(n)]
         self.switch: subprocess.Popen | None = None
         self.switch_control: pathlib.Path | None = None  # the fault switch's control socket
         self.seed = seed

@@ -1,0 +1,516 @@
+"""The inventory: real machines listed in a TOML file (docs/inventory.md), read with tomllib.
+
+Every refusal is an InventoryError naming the file, the line and the field, so a user fixes
+the file without guessing. tomllib gives no positions for values, so the line of a field is
+found by scanning the text: the `[[host]]` block it belongs to, then `key =` inside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import ipaddress
+import json
+import os
+import pathlib
+import re
+import tomllib
+from typing import Any, Iterable, Mapping, Optional
+
+from .machine import WIRE_KINDS, WIRE_NFT_BRIDGE, WIRE_SWITCH, HostFacts
+
+DEFAULT_AGENT_DIR = "/var/tmp/rdmalab-agent"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+# Allowed keys per table; anything else is an error naming these.
+_TOP_KEYS = ("lab", "switch", "host")
+_LAB_KEYS = ("known_hosts", "agent_dir")
+_SWITCH_KEYS = ("name", "control")
+_HOST_KEYS = ("name", "ssh", "device", "port", "gid_index", "netdev", "data_address", "mac",
+              "power", "wire")
+_SSH_KEYS = ("user", "address", "port", "identity", "host_key_alias")
+_POWER_KEYS = ("on", "off", "cycle")
+_WIRE_KEYS = ("via", "switch", "bridge")
+_SECRET_KEYS = ("password", "passwd", "passphrase", "pass")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")   # safe in ssh_config, lock files
+_MAC_RE = re.compile(r"([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}\Z")
+
+
+class InventoryError(ValueError):
+    """A malformed inventory: `file:line: where: field f: what is wrong`."""
+
+
+@dataclasses.dataclass
+class SshTarget:
+    user: str
+    address: str
+    port: int = 22
+    identity: Optional[str] = None        # absolute path of the private key, or None (agent)
+    host_key_alias: Optional[str] = None  # the name the host key is recorded under
+
+
+@dataclasses.dataclass
+class PowerCommands:
+    """Shell command lines run on the controller (ipmitool, a PDU); None where absent."""
+    on: Optional[str] = None
+    off: Optional[str] = None
+    cycle: Optional[str] = None
+
+
+@dataclasses.dataclass
+class HostEntry:
+    name: str
+    ssh: SshTarget
+    facts: HostFacts
+    power: PowerCommands
+    line: int = 0                         # the `[[host]]` line, for messages
+
+
+@dataclasses.dataclass
+class SwitchEntry:
+    name: str
+    control: str                          # absolute path of the switch's control socket
+    line: int = 0
+
+
+@dataclasses.dataclass
+class Inventory:
+    path: pathlib.Path
+    hosts: list[HostEntry]
+    switches: dict[str, SwitchEntry]
+    known_hosts: pathlib.Path
+    agent_dir: str = DEFAULT_AGENT_DIR
+
+    def host(self, name: str) -> HostEntry:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"{self.path}: no host {name!r} (hosts: "
+                       f"{', '.join(h.name for h in self.hosts)})")
+
+    def machines(self) -> list:
+        """One lab.sshmachine.SshMachine per host, in file order."""
+        from .sshmachine import SshMachine
+        return [SshMachine(h, self.known_hosts, self.agent_dir) for h in self.hosts]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding lines: tomllib keeps no positions.
+
+_HEADER_RE = re.compile(r"\s*(\[\[?)\s*([^\]\[]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def _key_re(key: str) -> re.Pattern:
+    k = re.escape(key)
+    return re.compile(rf"\s*(?:{k}|\"{k}\"|'{k}')\s*[=.]")
+
+
+class _Lines:
+    """Line numbers of tables and keys in the inventory's text (1-based)."""
+
+    def __init__(self, text: str):
+        self.lines = text.splitlines()
+        self.headers: list[tuple[int, str, bool]] = []  # (index, name, is array-of-tables)
+        for i, line in enumerate(self.lines):
+            m = _HEADER_RE.match(line)
+            if m:
+                name = re.sub(r"\s*\.\s*", ".", m.group(2)).replace('"', "").replace("'", "")
+                self.headers.append((i, name, m.group(1) == "[["))
+
+    def block(self, table: str, index: Optional[int]) -> tuple[int, int]:
+        """[start, end) line indexes of `[table]` or of the index-th `[[table]]`, its
+        sub-tables included; (0, 0) when absent."""
+        seen = -1
+        for n, (i, name, _) in enumerate(self.headers):
+            if name != table:
+                continue
+            seen += 1
+            if index is not None and seen != index:
+                continue
+            end = len(self.lines)
+            for j, other, _ in self.headers[n + 1:]:
+                if not other.startswith(table + "."):
+                    end = j
+                    break
+            return i, end
+        return 0, 0
+
+    def find(self, table: str, index: Optional[int], path: tuple[str, ...]) -> int:
+        """The line of `path` inside a table (or the closest line that holds it)."""
+        start, end = self.block(table, index)
+        if end == 0:
+            return self._top(path)
+        best = start + 1
+        lo, hi = start + 1, end
+        prefix = table
+        for depth, key in enumerate(path):
+            prefix += "." + key
+            sub = self._sub(prefix, lo, hi)
+            if sub is not None:                     # [host.ssh] style
+                best, lo, hi = sub[0] + 1, sub[0] + 1, sub[1]
+                continue
+            hit = self._key(key, lo, hi)
+            if hit is None:
+                return best
+            best = hit + 1
+            rest = path[depth + 1:]
+            if rest and re.match(rf"\s*[\"']?{re.escape(key)}[\"']?\s*\.", self.lines[hit]):
+                dotted = self._dotted((key,) + rest, lo, hi)   # ssh.port = ... style
+                return dotted + 1 if dotted is not None else best
+            return best                              # an inline table is one line
+        return best
+
+    def _top(self, path: tuple[str, ...]) -> int:
+        for i, name, _ in self.headers:
+            if path and (name == path[0] or name.startswith(path[0] + ".")):
+                return i + 1
+        end = self.headers[0][0] if self.headers else len(self.lines)
+        hit = self._key(path[0], 0, end) if path else None
+        return hit + 1 if hit is not None else 1
+
+    def _sub(self, name: str, lo: int, hi: int) -> Optional[tuple[int, int]]:
+        for n, (i, h, _) in enumerate(self.headers):
+            if lo - 1 <= i < hi and h == name:
+                nxt = [j for j, _, _ in self.headers[n + 1:]]
+                return i, min(nxt[0] if nxt else len(self.lines), hi)
+        return None
+
+    def _key(self, key: str, lo: int, hi: int) -> Optional[int]:
+        r = _key_re(key)
+        for i in range(lo, hi):
+            if r.match(self.lines[i]):
+                return i
+        return None
+
+    def _dotted(self, path: tuple[str, ...], lo: int, hi: int) -> Optional[int]:
+        r = re.compile(r"\s*" + r"\s*\.\s*".join(rf"[\"']?{re.escape(k)}[\"']?" for k in path)
+                       + r"\s*=")
+        for i in range(lo, hi):
+            if r.match(self.lines[i]):
+                return i
+        return None
+
+    def word(self, word: str) -> int:
+        """The first line where `word =` appears as a key anywhere (inline tables too)."""
+        r = re.compile(r"(^|[\s{,.]|[\"'])" + re.escape(word) + r"[\"']?\s*=", re.I)
+        for i, line in enumerate(self.lines):
+            if r.search(line.split("#", 1)[0]):
+                return i + 1
+        return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+def _show(v: Any) -> str:
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, (str, int, float, bool)):
+        return json.dumps(v)
+    return repr(v)
+
+
+class _Loader:
+    def __init__(self, path: pathlib.Path, text: str):
+        self.path, self.lines = path, _Lines(text)
+        self.base = path.resolve().parent
+
+    def fail(self, line: int, where: str, msg: str) -> InventoryError:
+        return InventoryError(f"{self.path}:{line}: {where}{msg}")
+
+    # where: (table, index, label) of the table a field is in
+    def err(self, where: tuple[str, Optional[int], str], field: tuple[str, ...],
+            msg: str) -> InventoryError:
+        table, index, label = where
+        line = self.lines.find(table, index, field)
+        return self.fail(line, f"{label}: " if label else "",
+                         f"field {'.'.join(field)}: {msg}")
+
+    def keys(self, where, prefix: tuple[str, ...], d: Mapping, allowed: Iterable[str]) -> None:
+        bad = [k for k in d if k not in allowed]
+        if bad:
+            raise self.err(where, prefix + (bad[0],),
+                           f"unknown key{'s' if len(bad) > 1 else ''} "
+                           f"{', '.join(bad)}; allowed: {', '.join(allowed)}")
+
+    def get(self, where, d: Mapping, field: tuple[str, ...], kind: str,
+            default: Any = None, required: bool = False) -> Any:
+        v = d.get(field[-1])
+        if v is None:
+            if required:
+                table, index, label = where
+                line = self.lines.find(table, index, field[:-1]) if len(field) > 1 else \
+                    self.lines.block(table, index)[0] + 1
+                raise self.fail(line, f"{label}: " if label else "",
+                                f"field {'.'.join(field)}: missing (required)")
+            return default
+        if kind == "str":
+            if not isinstance(v, str) or not v.strip():
+                raise self.err(where, field, f"expected a non-empty string, got {_show(v)}")
+        elif kind in ("int>=0", "int>=1", "tcp-port"):
+            lo, hi = {"int>=0": (0, None), "int>=1": (1, None), "tcp-port": (1, 65535)}[kind]
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo \
+                and (hi is None or v <= hi)
+            if not ok:
+                want = f"an integer {lo}..{hi}" if hi else f"an integer >= {lo}"
+                raise self.err(where, field, f"expected {want}, got {_show(v)}")
+        elif kind == "table":
+            if not isinstance(v, dict):
+                raise self.err(where, field, f"expected a table ({field[-1]} = {{ ... }}), "
+                                             f"got {_show(v)}")
+        return v
+
+    def local_path(self, where, field: tuple[str, ...], value: str, must_exist: bool) -> str:
+        p = pathlib.Path(os.path.expanduser(value))
+        p = p if p.is_absolute() else self.base / p
+        if must_exist and not p.is_file():
+            raise self.err(where, field, f"file {p} does not exist")
+        return str(p)
+
+    def refuse_secrets(self, d: Mapping, trail: str = "", label: str = "") -> None:
+        """No secret in an inventory, ever: identity files or an SSH agent instead."""
+        for k, v in d.items():
+            low = k.lower()
+            if low in _SECRET_KEYS or "password" in low or "passphrase" in low:
+                raise self.fail(self.lines.word(k), label,
+                                f"field {trail}{k}: passwords are refused in an inventory; "
+                                "log in with an identity file (ssh.identity) or an SSH agent")
+            if isinstance(v, dict):
+                self.refuse_secrets(v, f"{trail}{k}." if trail or label else "",
+                                    label or f"[{k}]: ")
+            elif isinstance(v, list):
+                for n, item in enumerate(v):
+                    if isinstance(item, dict):
+                        name = item.get("name")
+                        self.refuse_secrets(item, "", f"{k} {json.dumps(name)}: "
+                                            if isinstance(name, str) else f"{k} #{n + 1}: ")
+
+    def load(self, data: dict) -> Inventory:
+        self.refuse_secrets(data)
+        top = ("", None, "")
+        self.keys(top, (), data, _TOP_KEYS)
+        for t in ("switch", "host"):
+            if t in data and not (isinstance(data[t], list)
+                                  and all(isinstance(x, dict) for x in data[t])):
+                has_header = any(h == t for _, h, _ in self.lines.headers)
+                line = self.lines.block(t, None)[0] + 1 if has_header else self.lines.word(t)
+                raise self.fail(line, "", f"field {t}: write [[{t}]] (an array of tables)")
+        lab = data.get("lab", {})
+        if not isinstance(lab, dict):
+            raise self.err(top, ("lab",), "expected a table [lab]")
+        lw = ("lab", None, "[lab]")
+        self.keys(lw, (), lab, _LAB_KEYS)
+        kh = self.get(lw, lab, ("known_hosts",), "str")
+        known_hosts = self.local_path(lw, ("known_hosts",), kh, True) if kh else \
+            os.path.expanduser(DEFAULT_KNOWN_HOSTS)
+        agent_dir = self.get(lw, lab, ("agent_dir",), "str", DEFAULT_AGENT_DIR)
+        if not agent_dir.startswith("/"):
+            raise self.err(lw, ("agent_dir",), f"expected an absolute path on the hosts, "
+                                               f"got {_show(agent_dir)}")
+
+        switches: dict[str, SwitchEntry] = {}
+        for i, s in enumerate(data.get("switch", [])):
+            line = self.lines.block("switch", i)[0] + 1
+            name = s.get("name")
+            label = f"switch {json.dumps(name)}" if isinstance(name, str) else f"switch #{i + 1}"
+            w = ("switch", i, label)
+            self.keys(w, (), s, _SWITCH_KEYS)
+            name = self.get(w, s, ("name",), "str", required=True)
+            if not _NAME_RE.match(name):
+                raise self.err(w, ("name",), f"expected letters, digits, '.', '_', '-', "
+                                             f"got {_show(name)}")
+            if name in switches:
+                raise self.err(w, ("name",), f"duplicate switch name (first on line "
+                                             f"{switches[name].line})")
+            ctl = self.get(w, s, ("control",), "str", required=True)
+            switches[name] = SwitchEntry(name, self.local_path(w, ("control",), ctl, False),
+                                         line)
+
+        raw = data.get("host", [])
+        if not raw:
+            raise self.fail(1, "", "no [[host]] entries")
+        names = [h.get("name") for h in raw]
+        hosts: list[HostEntry] = []
+        for i, h in enumerate(raw):
+            hosts.append(self.host(i, h, switches, names))
+        seen_name: dict[str, HostEntry] = {}
+        seen_addr: dict[str, HostEntry] = {}
+        for i, h in enumerate(hosts):
+            w = ("host", i, f"host {json.dumps(h.name)}")
+            if h.name in seen_name:
+                raise self.err(w, ("name",), f"duplicate host name (first on line "
+                                             f"{seen_name[h.name].line})")
+            seen_name[h.name] = h
+            a = str(ipaddress.ip_address(h.facts.data_address))
+            if a in seen_addr:
+                raise self.err(w, ("data_address",),
+                               f"{h.facts.data_address} is also host "
+                               f"{json.dumps(seen_addr[a].name)}'s (line {seen_addr[a].line})")
+            seen_addr[a] = h
+            if h.facts.wire_bridge == h.name:
+                raise self.err(w, ("wire", "bridge"), "a host cannot be its own bridge")
+        return Inventory(self.path, hosts, switches, pathlib.Path(known_hosts), agent_dir)
+
+    def host(self, i: int, h: dict, switches: Mapping[str, SwitchEntry],
+             names: list) -> HostEntry:
+        line = self.lines.block("host", i)[0] + 1
+        label = f"host {json.dumps(h['name'])}" if isinstance(h.get("name"), str) \
+            else f"host #{i + 1}"
+        w = ("host", i, label)
+        self.keys(w, (), h, _HOST_KEYS)
+        name = self.get(w, h, ("name",), "str", required=True)
+        if not _NAME_RE.match(name):
+            raise self.err(w, ("name",), f"expected letters, digits, '.', '_', '-' "
+                                         f"(it names an ssh_config Host), got {_show(name)}")
+
+        ssh = self.get(w, h, ("ssh",), "table", required=True)
+        self.keys(w, ("ssh",), ssh, _SSH_KEYS)
+        identity = self.get(w, ssh, ("ssh", "identity"), "str")
+        target = SshTarget(
+            user=self.get(w, ssh, ("ssh", "user"), "str", getpass.getuser()),
+            address=self.get(w, ssh, ("ssh", "address"), "str", required=True),
+            port=self.get(w, ssh, ("ssh", "port"), "tcp-port", 22),
+            identity=self.local_path(w, ("ssh", "identity"), identity, True)
+            if identity else None,
+            host_key_alias=self.get(w, ssh, ("ssh", "host_key_alias"), "str"))
+        for f in ("user", "address", "host_key_alias"):
+            v = getattr(target, f)
+            if v and (any(c.isspace() for c in v) or v.startswith("-")):
+                raise self.err(w, ("ssh", f), f"expected no spaces and no leading '-', "
+                                              f"got {_show(v)}")
+
+        data_address = self.get(w, h, ("data_address",), "str", required=True)
+        try:
+            ipaddress.ip_address(data_address)
+        except ValueError:
+            raise self.err(w, ("data_address",), f"expected an IPv4 or IPv6 address, "
+                                                 f"got {_show(data_address)}") from None
+        mac = self.get(w, h, ("mac",), "str", "")
+        if mac and not _MAC_RE.match(mac):
+            raise self.err(w, ("mac",), f"expected aa:bb:cc:dd:ee:ff, got {_show(mac)}")
+
+        power = PowerCommands()
+        pw = self.get(w, h, ("power",), "table", {})
+        self.keys(w, ("power",), pw, _POWER_KEYS)
+        for f in _POWER_KEYS:
+            setattr(power, f, self.get(w, pw, ("power", f), "str"))
+
+        wire = self.get(w, h, ("wire",), "table", {})
+        self.keys(w, ("wire",), wire, _WIRE_KEYS)
+        via = self.get(w, wire, ("wire", "via"), "str", "none")
+        if via not in WIRE_KINDS:
+            raise self.err(w, ("wire", "via"), f"expected one of {', '.join(WIRE_KINDS)}, "
+                                               f"got {_show(via)}")
+        sw = self.get(w, wire, ("wire", "switch"), "str", "")
+        br = self.get(w, wire, ("wire", "bridge"), "str", "")
+        if via == WIRE_SWITCH:
+            if not sw:
+                raise self.err(w, ("wire", "switch"), 'missing: via = "switch" needs '
+                                                      "switch = <a [[switch]] name>")
+            if sw not in switches:
+                raise self.err(w, ("wire", "switch"),
+                               f"{_show(sw)} names no [[switch]] (switches: "
+                               f"{', '.join(switches) or 'none'})")
+        elif sw:
+            raise self.err(w, ("wire", "switch"), 'only with via = "switch"')
+        if via == WIRE_NFT_BRIDGE:
+            if not br:
+                raise self.err(w, ("wire", "bridge"), 'missing: via = "nft-bridge" needs '
+                                                      "bridge = <a [[host]] name>")
+            if br not in names:
+                raise self.err(w, ("wire", "bridge"),
+                               f"{_show(br)} names no [[host]] (hosts: "
+                               f"{', '.join(n for n in names if isinstance(n, str))})")
+        elif br:
+            raise self.err(w, ("wire", "bridge"), 'only with via = "nft-bridge"')
+
+        facts = HostFacts(
+            device=self.get(w, h, ("device",), "str", required=True),
+            port=self.get(w, h, ("port",), "int>=1", 1),
+            gid_index=self.get(w, h, ("gid_index",), "int>=0", 0),
+            netdev=self.get(w, h, ("netdev",), "str", required=True),
+            data_address=data_address, mac=mac.lower(), wire=via, wire_switch=sw,
+            wire_bridge=br)
+        if not _NAME_RE.match(facts.device):
+            raise self.err(w, ("device",), f"expected a device name like mlx5_0, "
+                                           f"got {_show(facts.device)}")
+        return HostEntry(name, target, facts, power, line)
+
+
+def load(path: str | os.PathLike) -> Inventory:
+    """Reads and checks an inventory; InventoryError names the file, line and field."""
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InventoryError(f"{p}: cannot read the inventory: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        # tomllib's message ends "(at line L, column C)": name the file in front.
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        where = f"{p}:{m.group(1)}:{m.group(2)}" if m else str(p)
+        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e)) if m else str(e)
+        raise InventoryError(f"{where}: TOML syntax: {msg}") from None
+    return _Loader(p, text).load(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: tomllib has no writer; this schema needs strings, integers, booleans and one level
+# of inline tables, so a small writer keeps the controller free of another package.
+
+def _toml_str(s: str) -> str:
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_str(k)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (str, os.PathLike)):
+        return _toml_str(os.fspath(v))
+    if isinstance(v, Mapping):
+        items = [f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML: {v!r}")
+
+
+def _table(header: str, d: Mapping[str, Any]) -> str:
+    lines = [header] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d.items()
+                        if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def dumps(hosts: Iterable[Mapping[str, Any]],
+          switches: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] = (),
+          lab: Optional[Mapping[str, Any]] = None) -> str:
+    """An inventory's TOML text from plain dicts shaped like the file (`ssh`, `power`, `wire`
+    as dicts); switches as a list of {name, control} or a {name: {control}} mapping."""
+    if isinstance(switches, Mapping):
+        switches = [{"name": n, **dict(s)} for n, s in switches.items()]
+    parts = []
+    if lab:
+        parts.append(_table("[lab]", lab))
+    parts += [_table("[[switch]]", s) for s in switches]
+    parts += [_table("[[host]]", h) for h in hosts]
+    return "\n".join(parts)
