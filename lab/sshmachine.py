@@ -106,7 +106,10 @@ class SshMachine:
         return ["ssh", "-F", str(self.ssh_config), self.name]
 
     def execnet_spec(self, python: str = "/usr/bin/python3") -> str:
-        return f"ssh={self.name}//ssh_config={self.ssh_config}//python={python}"
+        # The agent's long session: ssh's own messages ("closed by remote host" when the host
+        # dies) go to a log beside the config, not to the run's terminal.
+        log = pathlib.Path(self.ssh_config).with_name("ssh.log")
+        return f"ssh=-E {log} {self.name}//ssh_config={self.ssh_config}//python={python}"
 
     # -- commands -------------------------------------------------------------------------
 
