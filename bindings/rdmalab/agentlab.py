@@ -256,28 +256,46 @@ def inventory_pool(path: str, hosts: int = 2,
     from lab import hostcheck, inventory
     from lab.machine import MachineError
     inv = inventory.load(path)
+    # Hosts behind one fault switch are one fabric: a lab's hosts come from one of them.
+    fabrics: dict[str, list] = {}
+    for m in inv.machines():
+        fabrics.setdefault(m.facts.wire_switch, []).append(m)
+    # pytest-xdist workers start at different fabrics, so two starting at once do not split
+    # one fabric's hosts between them (each then too few) and both give up.
+    groups = list(fabrics.values())
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    start = int(worker[2:]) % len(groups) if worker[2:].isdigit() and groups else 0
+    groups = groups[start:] + groups[:start]
     chosen, locks, passed = [], [], []
     try:
-        for m in inv.machines():
+        for group in groups:
+            for m in group:
+                if len(chosen) == hosts:
+                    break
+                lock = hostcheck.HostLock(m)
+                try:
+                    lock.acquire(30.0)
+                except MachineError as e:
+                    passed.append(str(e))
+                    continue
+                problems = hostcheck.health_check(m)
+                if problems:
+                    lock.release()
+                    passed.append(f"{m.name}: not healthy: {'; '.join(problems)}")
+                    continue
+                chosen.append(m)
+                locks.append(lock)
             if len(chosen) == hosts:
                 break
-            lock = hostcheck.HostLock(m)
-            try:
-                lock.acquire(30.0)
-            except MachineError as e:
-                passed.append(str(e))
-                continue
-            problems = hostcheck.health_check(m)
-            if problems:
-                lock.release()
-                passed.append(f"{m.name}: not healthy: {'; '.join(problems)}")
-                continue
-            chosen.append(m)
-            locks.append(lock)
+            if chosen:  # too few free on this fabric: leave them to others, try the next
+                passed.append(f"only {', '.join(m.name for m in chosen)} free behind switch "
+                              f"{chosen[0].facts.wire_switch!r}")
+                _Locks(locks).close()
+                chosen, locks = [], []
         if len(chosen) < hosts:
-            raise RuntimeError(f"inventory {path}: {hosts} hosts wanted, {len(chosen)} free and "
-                               f"healthy ({', '.join(m.name for m in chosen) or 'none'}); "
-                               "passed over: " + " | ".join(passed))
+            raise RuntimeError(f"inventory {path}: {hosts} hosts wanted on one fabric, "
+                               f"{len(chosen)} free and healthy; passed over: "
+                               + " | ".join(passed))
         switches = {m.facts.wire_switch for m in chosen if m.facts.wire_switch}
         control = inv.switches[switches.pop()].control if len(switches) == 1 else None
         return AgentPool(chosen, description=f"inventory:{os.path.basename(str(path))}",

@@ -38,14 +38,14 @@ def test_python_made_errors_use_the_engine_format():
 
 def test_fault_not_supported_names_the_fault():
     class FakeLab:
-        backend = "verbs"
+        backend, description = "verbs", "verbs:local"
 
     with pytest.raises(rdmalab.FaultNotSupported) as info:
         NoFaults(FakeLab()).port_down("a")
     e = info.value
     assert isinstance(e, rdmalab.Error)
     assert (e.fault, e.errno) == ("port_down", errno.EOPNOTSUPP)
-    assert str(e) == "port_down: EOPNOTSUPP (95): backend verbs cannot apply this fault"
+    assert str(e) == "port_down: EOPNOTSUPP (95): verbs:local cannot apply this fault"
 
 
 def test_hung_is_a_deadline_exceeded():
