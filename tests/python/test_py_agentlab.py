@@ -1,0 +1,82 @@
+"""How an inventory run chooses its hosts (rdmalab.agentlab.inventory_pool): free and healthy
+ones, all behind one switch, pytest-xdist workers starting at different fabrics, and a clear
+error naming every host passed over. The locks and health checks are replaced by fakes here
+(tests/python/test_py_inventory.py runs the real ones against an sshd; make test-vm on VMs)."""
+from __future__ import annotations
+
+import pytest
+
+from rdmalab import agentlab
+from lab import hostcheck, inventory
+from lab.machine import MachineError
+
+HELD: set[str] = set()
+
+
+class FakeLock:
+    def __init__(self, machine):
+        self.machine = machine
+
+    def acquire(self, deadline_s=30.0):
+        if self.machine.name in HELD:
+            raise MachineError(f"{self.machine.name}: rxe0 port 1 is held by another rdmalab run")
+        HELD.add(self.machine.name)
+        return self
+
+    def release(self):
+        HELD.discard(self.machine.name)
+
+
+@pytest.fixture
+def four(tmp_path, monkeypatch):
+    key = tmp_path / "id"
+    key.write_text("key")
+    hosts = [{"name": f"{sw}-vm{i}", "ssh": {"address": "127.0.0.1", "port": 2200 + n,
+                                             "identity": str(key)},
+              "device": "rxe0", "netdev": "eth0", "data_address": f"10.{n}.0.{i}",
+              "wire": {"via": "switch", "switch": sw}}
+             for n, sw in enumerate(("s1", "s2")) for i in (1, 2)]
+    path = tmp_path / "four.toml"
+    path.write_text(inventory.dumps(hosts, {"s1": {"control": "/tmp/s1.ctl"},
+                                            "s2": {"control": "/tmp/s2.ctl"}}))
+    HELD.clear()
+    monkeypatch.setattr(hostcheck, "HostLock", FakeLock)
+    monkeypatch.setattr(hostcheck, "health_check", lambda m: [] if m.name != "sick" else ["x"])
+    made = []
+
+    class Pool:
+        def __init__(self, machines, **kw):
+            self.machines, self.kw = machines, kw
+            made.append(self)
+
+    monkeypatch.setattr(agentlab, "AgentPool", Pool)
+    return path, made
+
+
+def names(pool):
+    return [m.name for m in pool.machines]
+
+
+def test_each_worker_takes_two_hosts_of_one_fabric(four, monkeypatch):
+    path, _ = four
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    b = agentlab.inventory_pool(str(path), hosts=2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    a = agentlab.inventory_pool(str(path), hosts=2)
+    assert (names(a), names(b)) == (["s1-vm1", "s1-vm2"], ["s2-vm1", "s2-vm2"])
+    assert (a.kw["switch_control"], b.kw["switch_control"]) == ("/tmp/s1.ctl", "/tmp/s2.ctl")
+    with pytest.raises(RuntimeError) as e:  # a third run finds every host held
+        agentlab.inventory_pool(str(path), hosts=2)
+    assert "held by another rdmalab run" in str(e.value) and "s2-vm2" in str(e.value)
+
+
+def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
+    path, _ = four
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    HELD.add("s1-vm2")
+    pool = agentlab.inventory_pool(str(path), hosts=2)
+    assert names(pool) == ["s2-vm1", "s2-vm2"]
+    assert HELD == {"s1-vm2", "s2-vm1", "s2-vm2"}  # s1-vm1 was taken and given back
+    with pytest.raises(RuntimeError, match="3 hosts wanted on one fabric"):
+        agentlab.inventory_pool(str(path), hosts=3)
+    assert HELD == {"s1-vm2", "s2-vm1", "s2-vm2"}  # nothing kept by the failed attempt
