@@ -868,10 +868,13 @@ class AgentLab:
     def nftables_unusable(self, host: str) -> str:
         """Why a wire rule cannot sit in host's own nftables ("" when it can): the host's
         traffic must go through its network stack (rxe, siw) or the inventory says so."""
-        from lab.machine import WIRE_NFTABLES
+        from lab.machine import WIRE_NFT_BRIDGE, WIRE_NFTABLES
         m = self._machines[host]
         if m.facts.wire == WIRE_NFTABLES or device_label(m.facts.device) in SOFT_DEVICES:
             return ""
+        if m.facts.wire == WIRE_NFT_BRIDGE:
+            return (f"{host} ({m.name}): wire faults through an nftables bridge on the path "
+                    f"(wire.bridge = {m.facts.wire_bridge!r}) are not implemented yet")
         return (f"{host} ({m.name}): {m.facts.device} sends past the host's network stack; "
                 f"nftables there sees none of it (wire.via is {m.facts.wire!r})")
 
