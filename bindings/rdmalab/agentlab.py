@@ -59,7 +59,6 @@ def _repo_on_path() -> None:
 
 
 SOFT_DEVICES = ("rxe", "siw")  # devices `rdma link add` makes
-CACHED_BY_LIBRDMACM = ("ctx", "pd")
 
 
 def device_label(device: str) -> str:
@@ -187,27 +186,24 @@ class AgentPool:
             self.restart(i)
         return healed
 
-    def after_lab(self) -> list[str]:
-        """Health checks after a lab (inventory hosts): what an earlier lab left behind."""
+    def after_run(self, settle_s: float = 2.0) -> list[str]:
+        """The health check after the run (inventory hosts), once the agents are gone: what
+        the run left on each host (an object of rdmalab's still in `rdma res`, a port no
+        longer ACTIVE). Once per run, not per lab: on TCG guests a check costs seconds."""
         if not self.check_health:
             return []
         _repo_on_path()
         from lab import hostcheck
         found = []
-        for m, agent in zip(self.machines, self.agents):
-            if agent.broken:
-                continue
+        for m in self.machines:
             try:
-                state = hostcheck.probe(m)
-                pid = int(agent.module("os").getpid())
-            except Exception as e:  # the host went away: the next lab heals it
-                found.append(f"{m.name}: health check failed: {e}")
-                continue
-            # librdmacm keeps a context (and its PD) on each device a process used until the
-            # process exits: the live agent's own, not a leak.
-            state.leftovers = [e for e in state.leftovers
-                               if not (e["pid"] == pid and e["kind"] in CACHED_BY_LIBRDMACM)]
-            found += state.problems
+                problems = hostcheck.health_check(m)
+                if problems:  # an agent that just exited: the kernel may still be releasing
+                    time.sleep(settle_s)
+                    problems = hostcheck.health_check(m)
+            except Exception as e:  # the host went away
+                problems = [f"{m.name}: health check failed: {e}"]
+            found += problems
         self.leaks += found
         return found
 
@@ -225,8 +221,11 @@ class AgentPool:
         for agent in self.agents:
             agent.close()
         self.agents.clear()
-        if self.owner is not None:
-            self.owner.close()
+        try:
+            self.after_run()
+        finally:
+            if self.owner is not None:
+                self.owner.close()
 
 
 def vm_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0) -> AgentPool:
@@ -1196,9 +1195,6 @@ class AgentLab:
                 self._faults.restore_devices()  # contexts closed: removals can finish
             except Exception as e:
                 errors.append(e)
-            leaks = self.pool.after_lab()
-            if leaks:
-                self.record("host_leaks", object="lab", leaks=leaks)
             for hook in self._shutdown_hooks:
                 try:
                     hook(self)

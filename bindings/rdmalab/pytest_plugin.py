@@ -198,9 +198,18 @@ def agent_pool(spec: LabSpec):
     return _POOLS[spec]
 
 
+_LEAKS: list[str] = []  # what the runs' pools found left on their hosts when they closed
+
+
 def close_pools() -> None:
     while _POOLS:
-        _POOLS.popitem()[1].close()
+        spec, pool = _POOLS.popitem()
+        _close(spec, pool)
+
+
+def _close(spec, pool) -> None:
+    pool.close()
+    _LEAKS.extend(f"{spec.option}: {leak}" for leak in pool.leaks)
 
 
 def parse_lab_options(texts) -> list[LabSpec]:
@@ -265,6 +274,10 @@ def pytest_configure(config):
                                        config.getoption("rdmalab_timeout"))
     config.stash[_FAILURES] = []
     metrics_pytest.configure(config, config.stash[_SETTINGS].specs)
+
+
+def pytest_sessionfinish(session):
+    close_pools()  # before the summary, which reports what they left on their hosts
 
 
 def pytest_unconfigure(config):
@@ -417,7 +430,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: -1 if _spec_of(it) is None else order.get(_spec_of(it), -1))
     first = next((_spec_of(it) for it in items if _spec_of(it) in _POOLS), None)
     for spec in [s for s in _POOLS if s != first]:
-        _POOLS.pop(spec).close()
+        _close(spec, _POOLS.pop(spec))
 
 
 @pytest.hookimpl(trylast=True)
@@ -425,7 +438,7 @@ def pytest_runtest_teardown(item, nextitem):
     """After a column's last scenario (its fixtures torn down), its machine pool goes."""
     spec = _spec_of(item)
     if spec in _POOLS and (nextitem is None or _spec_of(nextitem) != spec):
-        _POOLS.pop(spec).close()
+        _close(spec, _POOLS.pop(spec))
 
 
 def finding_on(mark, spec) -> Optional[str]:
@@ -516,6 +529,10 @@ def final_outcome(phases: dict) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _LEAKS:
+        terminalreporter.section("rdmalab: left on the hosts after the run (health check)")
+        for leak in _LEAKS:
+            terminalreporter.write_line(leak)
     failures = config.stash.get(_FAILURES, [])
     if not failures:
         return
