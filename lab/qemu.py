@@ -46,9 +46,7 @@ class QemuMachine:
         return Result(r.rc, r.out, r.err, r.timed_out, r.elapsed_s)
 
     def ssh_argv(self) -> list[str]:
-        # ssh's own messages ("closed by remote host" when a guest is killed) go to a log
-        # beside the guest's, not to the terminal.
-        return ["ssh", "-E", str(self.vm.dir / "ssh.log"), "-F", self.ssh_config, self.name]
+        return ["ssh", "-F", self.ssh_config, self.name]
 
     def popen(self, cmd: str, *, root: bool = False, stdin: bool = False) -> subprocess.Popen:
         return subprocess.Popen(self.ssh_argv() + [cmd],
@@ -66,7 +64,10 @@ class QemuMachine:
             raise MachineError(f"{self.name}: copy of {remote}: {r.stderr.decode()[-500:]}")
 
     def execnet_spec(self, python: str = "/usr/bin/python3") -> str:
-        return f"ssh=-E {self.vm.dir / 'ssh.log'} -F {self.ssh_config} {self.name}//python={python}"
+        # The agent's long session: -q keeps "closed by remote host" (printed straight to
+        # stderr when a guest is killed) off the terminal, -E logs the rest.
+        log = self.vm.dir / "ssh.log"
+        return f"ssh=-q -E {log} -F {self.ssh_config} {self.name}//python={python}"
 
     # -- power: qemu itself
     can_power = True

@@ -106,10 +106,10 @@ class SshMachine:
         return ["ssh", "-F", str(self.ssh_config), self.name]
 
     def execnet_spec(self, python: str = "/usr/bin/python3") -> str:
-        # The agent's long session: ssh's own messages ("closed by remote host" when the host
-        # dies) go to a log beside the config, not to the run's terminal.
+        # The agent's long session: -q keeps "closed by remote host" (printed straight to
+        # stderr when the host dies) off the run's terminal, -E logs the rest.
         log = pathlib.Path(self.ssh_config).with_name("ssh.log")
-        return f"ssh=-E {log} {self.name}//ssh_config={self.ssh_config}//python={python}"
+        return f"ssh=-q -E {log} {self.name}//ssh_config={self.ssh_config}//python={python}"
 
     # -- commands -------------------------------------------------------------------------
 
