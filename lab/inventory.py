@@ -335,14 +335,16 @@ class _Loader:
         for i, h in enumerate(raw):
             hosts.append(self.host(i, h, switches, names))
         seen_name: dict[str, HostEntry] = {}
-        seen_addr: dict[str, HostEntry] = {}
+        # Data addresses are unique per fabric: hosts behind different fault switches are
+        # separate networks (two VM labs both use 10.0.0.x).
+        seen_addr: dict[tuple, HostEntry] = {}
         for i, h in enumerate(hosts):
             w = ("host", i, f"host {json.dumps(h.name)}")
             if h.name in seen_name:
                 raise self.err(w, ("name",), f"duplicate host name (first on line "
                                              f"{seen_name[h.name].line})")
             seen_name[h.name] = h
-            a = str(ipaddress.ip_address(h.facts.data_address))
+            a = (h.facts.wire_switch, str(ipaddress.ip_address(h.facts.data_address)))
             if a in seen_addr:
                 raise self.err(w, ("data_address",),
                                f"{h.facts.data_address} is also host "

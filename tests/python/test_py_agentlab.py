@@ -33,7 +33,7 @@ def four(tmp_path, monkeypatch):
     key.write_text("key")
     hosts = [{"name": f"{sw}-vm{i}", "ssh": {"address": "127.0.0.1", "port": 2200 + n,
                                              "identity": str(key)},
-              "device": "rxe0", "netdev": "eth0", "data_address": f"10.{n}.0.{i}",
+              "device": "rxe0", "netdev": "eth0", "data_address": f"10.0.0.{i}",  # per fabric
               "wire": {"via": "switch", "switch": sw}}
              for n, sw in enumerate(("s1", "s2")) for i in (1, 2)]
     path = tmp_path / "four.toml"

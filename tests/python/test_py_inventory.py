@@ -138,7 +138,9 @@ CASES = {
                         ["[lab]: field cache: unknown key"]),
     "duplicate name": ('name = "vm2"', 'name = "vm1"', ('name = "vm1"', 2),
                        ['host "vm1": field name: duplicate host name (first on line 9)']),
-    "duplicate data address": ('data_address = "10.0.0.2"', 'data_address = "10.0.0.1"',
+    # Unique per fabric: vm2 moved behind vm1's switch with vm1's address.
+    "duplicate data address": ('data_address = "10.0.0.2"\nwire = { via = "nft-bridge", bridge = "vm1" }',
+                               'data_address = "10.0.0.1"\nwire = { via = "switch", switch = "vmlab" }',
                                ('data_address = "10.0.0.1"', 2),
                                ['field data_address: 10.0.0.1 is also host "vm1"\'s (line 9)']),
     "bad data address": ('data_address = "10.0.0.2"', 'data_address = "10.0.0.256"',
