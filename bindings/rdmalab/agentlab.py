@@ -268,6 +268,13 @@ def inventory_pool(path: str, hosts: int = 2,
     chosen, locks, passed = [], [], []
     try:
         for group in groups:
+            switch = group[0].facts.wire_switch
+            if switch:  # its rule table serves one run: hosts behind a switch another holds
+                lock = _SwitchLock(inv.switches[switch].control)  # are passed over
+                if not lock.acquire():
+                    passed.append(f"switch {switch!r} is used by another rdmalab run")
+                    continue
+                locks.append(lock)
             for m in group:
                 if len(chosen) == hosts:
                     break
@@ -289,8 +296,8 @@ def inventory_pool(path: str, hosts: int = 2,
             if chosen:  # too few free on this fabric: leave them to others, try the next
                 passed.append(f"only {', '.join(m.name for m in chosen)} free behind switch "
                               f"{chosen[0].facts.wire_switch!r}")
-                _Locks(locks).close()
-                chosen, locks = [], []
+            _Locks(locks).close()
+            chosen, locks = [], []
         if len(chosen) < hosts:
             raise RuntimeError(f"inventory {path}: {hosts} hosts wanted on one fabric, "
                                f"{len(chosen)} free and healthy; passed over: "
@@ -303,6 +310,32 @@ def inventory_pool(path: str, hosts: int = 2,
     except BaseException:
         _Locks(locks).close()
         raise
+
+
+class _SwitchLock:
+    """A fault switch for one run: its rules and its host table are switch-wide, so two runs
+    (or two pytest-xdist workers) on one switch would drop each other's frames. The switch's
+    control socket is on the controller: flock beside it."""
+
+    def __init__(self, control: str):
+        self.path = f"{control}.rdmalab-lock"
+        self._f = None
+
+    def acquire(self) -> bool:
+        import fcntl
+        f = open(self.path, "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        self._f = f
+        return True
+
+    def release(self) -> None:
+        if self._f is not None:
+            self._f.close()  # closing the file frees the lock
+            self._f = None
 
 
 class _Locks:

@@ -37,8 +37,8 @@ def four(tmp_path, monkeypatch):
               "wire": {"via": "switch", "switch": sw}}
              for n, sw in enumerate(("s1", "s2")) for i in (1, 2)]
     path = tmp_path / "four.toml"
-    path.write_text(inventory.dumps(hosts, {"s1": {"control": "/tmp/s1.ctl"},
-                                            "s2": {"control": "/tmp/s2.ctl"}}))
+    path.write_text(inventory.dumps(hosts, {"s1": {"control": str(tmp_path / "s1.ctl")},
+                                            "s2": {"control": str(tmp_path / "s2.ctl")}}))
     HELD.clear()
     monkeypatch.setattr(hostcheck, "HostLock", FakeLock)
     monkeypatch.setattr(hostcheck, "health_check", lambda m: [] if m.name != "sick" else ["x"])
@@ -64,10 +64,22 @@ def test_each_worker_takes_two_hosts_of_one_fabric(four, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     a = agentlab.inventory_pool(str(path), hosts=2)
     assert (names(a), names(b)) == (["s1-vm1", "s1-vm2"], ["s2-vm1", "s2-vm2"])
-    assert (a.kw["switch_control"], b.kw["switch_control"]) == ("/tmp/s1.ctl", "/tmp/s2.ctl")
-    with pytest.raises(RuntimeError) as e:  # a third run finds every host held
+    assert (a.kw["switch_control"], b.kw["switch_control"]) == (
+        str(path.parent / "s1.ctl"), str(path.parent / "s2.ctl"))
+    with pytest.raises(RuntimeError) as e:  # a third run finds both switches in use
         agentlab.inventory_pool(str(path), hosts=2)
-    assert "held by another rdmalab run" in str(e.value) and "s2-vm2" in str(e.value)
+    assert "switch 's1' is used by another rdmalab run" in str(e.value)
+    assert "switch 's2' is used by another rdmalab run" in str(e.value)
+    a.kw["owner"].close()  # the first run ends: its switch and hosts are free again
+    assert names(agentlab.inventory_pool(str(path), hosts=2)) == ["s1-vm1", "s1-vm2"]
+
+
+def test_hosts_held_outside_a_free_switch_are_passed_over(four, monkeypatch):
+    path, _ = four
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    HELD.update({"s1-vm1", "s1-vm2"})  # another run's lock on the hosts themselves
+    pool = agentlab.inventory_pool(str(path), hosts=2)
+    assert names(pool) == ["s2-vm1", "s2-vm2"]
 
 
 def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
@@ -77,6 +89,9 @@ def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
     pool = agentlab.inventory_pool(str(path), hosts=2)
     assert names(pool) == ["s2-vm1", "s2-vm2"]
     assert HELD == {"s1-vm2", "s2-vm1", "s2-vm2"}  # s1-vm1 was taken and given back
+    pool.kw["owner"].close()
+    assert HELD == {"s1-vm2"}
     with pytest.raises(RuntimeError, match="3 hosts wanted on one fabric"):
         agentlab.inventory_pool(str(path), hosts=3)
-    assert HELD == {"s1-vm2", "s2-vm1", "s2-vm2"}  # nothing kept by the failed attempt
+    assert HELD == {"s1-vm2"}  # nothing kept by the failed attempt
+    assert names(agentlab.inventory_pool(str(path), hosts=2)) == ["s2-vm1", "s2-vm2"]
