@@ -1,5 +1,5 @@
-"""QemuMachine: a qemu soft-RoCE guest of the VM lab (lab/vmlab) as a Machine, and VmPool's
-source of machines: `vm_machines(n, rdma)` boots the guests joined by the fault switch.
+"""QemuMachine: a qemu soft-RoCE guest of the VM lab (lab/vmlab) as a Machine, and the VM lab's
+source of machines: `VmMachines(n, rdma)` boots the guests joined by the fault switch.
 
 A guest runs as root; commands go through the guest's small command agent (fast on TCG),
 everything an agent lab needs of SSH (execnet, background commands, copies) through the
@@ -39,11 +39,10 @@ class QemuMachine:
         if not self.vm.alive():
             raise MachineUnreachable(f"{self.name}: its qemu is not running")
         try:
-            r = self.vm.run(cmd, timeout)
+            return self.vm.run(cmd, timeout)
         except (OSError, vm_mod.VmError) as e:
             raise MachineUnreachable(f"{self.name}: the guest's command agent did not answer "
                                      f"{cmd!r}: {e}") from e
-        return Result(r.rc, r.out, r.err, r.timed_out, r.elapsed_s)
 
     def ssh_argv(self) -> list[str]:
         return ["ssh", "-F", self.ssh_config, self.name]

@@ -71,20 +71,19 @@ class AgentPool:
     inventory's locks) is closed with the pool."""
 
     def __init__(self, machines: list, *, description: str, switch_control: Optional[str] = None,
-                 owner=None, health_check: bool = False, deploy: bool = True,
+                 owner=None, health_check: bool = False,
                  agent_dir: str = AGENT_DIR, log: Callable[[str], None] = lambda m: None):
         self.machines = list(machines)
         self.description = description
         self.switch_control = switch_control
-        self.owner, self.check_health, self.deploy = owner, health_check, deploy
+        self.owner, self.check_health = owner, health_check
         self.agent_dir, self.log = agent_dir, log
         self.agents: list[Agent] = []
         self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
         self.leaks: list[str] = []  # what health checks after a lab found left behind
         self._installed: dict[str, object] = {}  # machine name -> lab.deploy.Installed
         try:
-            for m in self.machines:
-                self._ready(m)
+            for m in self.machines:  # inventory_pool health-checked them as it chose them
                 self.agents.append(self.start_agent(m))
             self.warm_data_path()
         except BaseException:
@@ -128,27 +127,25 @@ class AgentPool:
         """A new agent (its own python process) on machine, over a new SSH session, from the
         controller's own version of the package shipped there (lab.deploy)."""
         import execnet
+        _repo_on_path()
+        from lab import deploy
         gw = execnet.makegateway(machine.execnet_spec())
         try:
             channel = None
-            if self.deploy:
-                _repo_on_path()
-                from lab import deploy
-                cached = self._installed.get(machine.name)
-                if cached is not None:
-                    try:
-                        channel = deploy.open_agent_channel(gw, cached.path, cached.version,
-                                                            machine.name)
-                    except deploy.DeployError:  # gone with a reboot (a tmpfs): ship again
-                        self._installed.pop(machine.name)
-                        gw.exit()
-                        gw = execnet.makegateway(machine.execnet_spec())
-                if channel is None:
-                    inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir,
-                                               log=self.log)
-                    self._installed[machine.name] = inst
-                    channel = deploy.open_agent_channel(gw, inst.path, inst.version,
+            cached = self._installed.get(machine.name)
+            if cached is not None:
+                try:
+                    channel = deploy.open_agent_channel(gw, cached.path, cached.version,
                                                         machine.name)
+                except deploy.DeployError:  # gone with a reboot (a tmpfs): ship again
+                    self._installed.pop(machine.name)
+                    gw.exit()
+                    gw = execnet.makegateway(machine.execnet_spec())
+            if channel is None:
+                inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir,
+                                           log=self.log)
+                self._installed[machine.name] = inst
+                channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
             return Agent.start(gw, machine.name, channel=channel)
         except BaseException:
             gw.exit()
@@ -240,9 +237,6 @@ def vm_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0) -> Ag
     vms = VmMachines(n, rdma, boot_deadline_s)
     return AgentPool(vms.machines, description=f"vm:{rdma}", switch_control=vms.switch_control,
                      owner=vms)
-
-
-VmPool = vm_pool  # the name earlier releases used
 
 
 def inventory_pool(path: str, hosts: int = 2,
@@ -1025,14 +1019,20 @@ class AgentLab:
             return self._followed[name]
         with self._lock:
             known = self._followed[name]
-            for line in text.splitlines():
-                r = json.loads(line)
-                if r["seq"] != len(known):  # fetched meanwhile by another thread
-                    continue
-                r["host_seq"] = r.pop("seq")
-                r["t_ns"] -= self._t0  # the agent's clock is offset onto ours
-                known.append(r)
+            # A record fetched meanwhile by another thread is not taken twice.
+            known += [r for r in self._parse(text) if r["host_seq"] >= len(known)]
             return known
+
+    def _parse(self, jsonl: str) -> list[dict]:
+        """An agent's records on the lab's time line: its seq kept as host_seq, t_ns from the
+        lab's start (the agent's clock is offset onto ours)."""
+        out = []
+        for line in jsonl.splitlines():
+            r = json.loads(line)
+            r["host_seq"] = r.pop("seq")
+            r["t_ns"] -= self._t0
+            out.append(r)
+        return out
 
     def _follow_loop(self) -> None:
         while not self._stop_follow.wait(FOLLOW_S):
@@ -1095,15 +1095,7 @@ class AgentLab:
 
     def _agent_records(self, agent: Agent) -> list[dict]:
         """All of an agent's records (a killable process's agent, not followed)."""
-        if agent.lab is None:
-            return []
-        out = []
-        for line in agent.lab._o.history_jsonl().splitlines():
-            r = json.loads(line)
-            r["host_seq"] = r.pop("seq")
-            r["t_ns"] -= self._t0
-            out.append(r)
-        return out
+        return [] if agent.lab is None else self._parse(agent.lab._o.history_jsonl())
 
     def _archive(self, fetch: Callable[[], list[dict]], host: str, object: str) -> None:
         """Keeps fetch()'s records past their agent (a reboot, a kill, shutdown); an agent that

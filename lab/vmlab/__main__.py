@@ -9,7 +9,8 @@ import sys
 import time
 
 from . import initrd, kernel, selftest, up
-from .vm import Lab, VmError
+from ..machine import MachineError
+from .vm import Lab
 
 
 def _log(msg: str) -> None:
@@ -30,7 +31,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     try:
         for rdma in args.rdma:
             reports[rdma] = selftest.run_provider(rdma, _log, reboot=args.reboot)
-    except (VmError, kernel.KernelError) as exc:
+    except (MachineError, kernel.KernelError) as exc:  # VmError, a failed check
         _log(f"FAIL: {exc}")
         return 1
     print(json.dumps(reports, indent=2))
@@ -47,7 +48,7 @@ def cmd_boot(args: argparse.Namespace) -> int:
             for vm in lab.vms:
                 r = vm.run(args.cmd, args.timeout)
                 print(f"--- {vm.spec.name} rc={r.rc} ({r.elapsed_s} s)\n{r.out}{r.err}")
-        except VmError as exc:
+        except MachineError as exc:
             _log(f"FAIL: {exc}")
             return 1
     return 0

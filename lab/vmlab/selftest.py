@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 from . import pcap
+from ..machine import MachineError
 from .vm import Lab, Result, Vm, VmError
 
 BOOT_DEADLINE_S = 120.0
@@ -149,7 +150,7 @@ def run_provider(rdma: str, log: Callable[[str], None], reboot: bool = False) ->
     with Lab(2, rdma=rdma) as lab:
         try:
             report = _exercise(lab, rdma, dev, log, reboot)
-        except VmError as exc:  # add every VM's serial log, whichever step failed
+        except MachineError as exc:  # add every VM's serial log, whichever step failed
             tails = "\n".join(vm.diagnostic() for vm in lab.vms)
             raise VmError(f"{rdma}: {exc}\n{tails}") from exc
         t_off = time.monotonic()

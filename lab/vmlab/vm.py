@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 
+from ..machine import MachineError, Result  # noqa: F401  (Result: what run() returns)
 from . import initrd as initrd_mod
 from . import kernel as kernel_mod
 from . import ssh as ssh_mod
@@ -44,27 +45,12 @@ _live: "weakref.WeakSet[Vm]" = weakref.WeakSet()
 _run_seq = itertools.count(1)
 
 
-class VmError(RuntimeError):
+class VmError(MachineError):
     pass
 
 
 class VmTimeout(VmError):
     pass
-
-
-@dataclasses.dataclass
-class Result:
-    rc: int
-    out: str
-    err: str
-    timed_out: bool
-    elapsed_s: float
-
-    def check(self, what: str = "command") -> "Result":
-        if self.rc != 0 or self.timed_out:
-            raise VmError(f"{what}: rc {self.rc} timed_out {self.timed_out}\n"
-                          f"stdout:\n{self.out[-2000:]}\nstderr:\n{self.err[-2000:]}")
-        return self
 
 
 def _free_port() -> int:
