@@ -1,9 +1,15 @@
 """python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
 python3 -m rdmalab report DIR/junit.xml
+python3 -m rdmalab findings [--readme README.md] [--registry FILE]
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
 rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl and DIR/report.txt, and prints
-the result table. Exit status: pytest's (non-zero when anything failed)."""
+the result table. Exit status: pytest's (non-zero when anything failed).
+
+findings: checks the findings registry (bindings/rdmalab/findings.toml) and prints README's
+findings tables as markdown; with --readme, rewrites the block between <!-- findings:begin -->
+and <!-- findings:end --> of that file in place instead. Exit status 2 if the registry is
+malformed (each problem named by file, line, entry and field)."""
 
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import report
+from . import findings, report
+from .agreement import TWIN
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BINDINGS_DIR = PACKAGE_DIR.parent
@@ -43,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
     rep = sub.add_parser("report", help="print the result table of a JUnit XML file")
     rep.add_argument("junit")
+    fnd = sub.add_parser("findings", help="check the findings registry and print README's "
+                                          "findings tables (or rewrite them: --readme)")
+    fnd.add_argument("--readme", default=None,
+                     help="rewrite the findings block of this markdown file in place")
+    fnd.add_argument("--registry", default=str(findings.REGISTRY),
+                     help=f"the registry (default {findings.REGISTRY})")
     return p
 
 
@@ -72,17 +85,13 @@ def usable_labs(labs: list[str]) -> list[str]:
         why = qemu_unavailable() if lab.split(":")[0] == "vm" else None
         if why:
             device = (lab.partition(":")[2] or "rxe").split(",")
-            model = ",".join(VM_MODEL[d] for d in device if d in VM_MODEL) or "roce"
+            model = ",".join(TWIN[d] for d in device if d in TWIN) or "roce"
             print(f"rdmalab: --lab {lab}: the VM lab cannot run here ({why}); running the "
                   f"model (model:{model}) instead", file=sys.stderr)
             lab = f"model:{model}"
         if lab not in out:
             out.append(lab)
     return out
-
-
-# The model personality that predicts each VM lab device.
-VM_MODEL = {"rxe": "roce", "siw": "iwarp-siw"}
 
 
 def run(args, extra: list[str]) -> int:
@@ -111,6 +120,33 @@ def run(args, extra: list[str]) -> int:
     return rc
 
 
+def findings_command(args) -> int:
+    try:
+        registry = findings.load(args.registry)
+    except findings.FindingsError as e:
+        print(f"rdmalab findings: the registry is malformed:\n{e}", file=sys.stderr)
+        return 2
+    problems = findings.check_files(registry, REPO_ROOT)
+    for problem in problems:
+        print(f"rdmalab findings: {problem}", file=sys.stderr)
+    block = findings.markdown_tables(registry)
+    if args.readme is None:
+        print(block, end="")
+        return 2 if problems else 0
+    readme = Path(args.readme)
+    try:
+        text = readme.read_text()
+        new = findings.replace_block(text, block, str(readme))
+    except (OSError, findings.FindingsError) as e:
+        print(f"rdmalab findings: {e}", file=sys.stderr)
+        return 2
+    if new != text:
+        readme.write_text(new)
+    print(f"{readme}: findings tables {'rewritten' if new != text else 'already current'} "
+          f"({len(registry.entries)} entries)")
+    return 2 if problems else 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -120,6 +156,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return run(args, extra)
+    if args.command == "findings":
+        return findings_command(args)
     results = report.read_junit(args.junit)
     print(report.format_table(results), end="")
     return 1 if report.failed(results) else 0

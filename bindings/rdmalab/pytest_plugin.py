@@ -15,8 +15,12 @@ Options:
 Fixtures: lab_spec / personality (parametrized from --lab, ids like "model-ib"), lab (hosts "a"
 and "b"), hosts (their Host objects, in order), lab_factory (labs with other hosts or fabric
 options, same personality and seed), rdmalab_seed.
-Marker: @pytest.mark.requires("xrc", "srq", "ud", transport="iWARP", event="QP_FATAL"):
-skip, naming what the device lacks, when it lacks it.
+Markers: @pytest.mark.requires("xrc", "srq", "ud", transport="iWARP", event="QP_FATAL"):
+skip, naming what the device lacks, when it lacks it. @pytest.mark.finding("<id>"): an entry of
+the findings registry (rdmalab/findings.toml): on its providers a finding or unclassified
+divergence is a strict xfail, a provider fact is recorded on the passing cell (JUnit property
+provider_fact). The terminal summary compares each device column with the model column of its
+personality (rdmalab.agreement).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Optional
 
 import pytest
 
-from . import _core, metrics_pytest
+from . import _core, agreement, findings, metrics_pytest, report
 from .errors import FaultNotSupported, WallClockTimeout, raise_parked
 from .lab import Lab, model_lab, personalities
 from .names import parse
@@ -47,6 +51,9 @@ _PHASES = pytest.StashKey[dict]()
 _SETTINGS = pytest.StashKey["Settings"]()
 _FAILURES = pytest.StashKey[list]()
 _LABS = pytest.StashKey[list]()  # the labs a test's fixtures made
+_ENTRY = pytest.StashKey[tuple]()  # (registry entry, lab key) of a @finding that applies here
+_RESULTS = pytest.StashKey[list]()  # report.Result per test and column, for the agreement
+_REGISTRY = pytest.StashKey[findings.Registry]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +258,9 @@ def pytest_addoption(parser):
                     help="write one JSON-lines history per lab into this directory")
     group.addoption("--rdmalab-timeout", type=float, default=300.0,
                     help="wall-clock seconds per test before it fails (0 = no limit)")
+    group.addoption("--findings-registry", default=None,
+                    help="the findings registry the @finding markers name (default: the "
+                         "package's findings.toml)")
     metrics_pytest.add_options(group)
 
 
@@ -262,10 +272,11 @@ def pytest_configure(config):
         "event(s); skip naming what is missing otherwise")
     config.addinivalue_line(
         "markers",
-        "finding(devices, name, text, raises=AssertionError): a known divergence of these "
-        "devices (personalities, e.g. \"rxe\") from what the scenario asserts: there the "
-        "scenario must fail with `raises` and is reported as the finding (strict xfail); "
-        "passing there fails the run (the finding is gone: update it)")
+        "finding(id): an entry of the findings registry (bindings/rdmalab/findings.toml). On "
+        "its providers (drivers, e.g. \"rxe\"; model personalities that copy it) a finding or "
+        "unclassified divergence must fail with the entry's `raises` and is reported as the "
+        "finding (strict xfail; passing there fails the run: update the entry); a provider "
+        "fact must pass and is recorded (JUnit property provider_fact)")
     _VM_HOSTS[0] = config.getoption("vm_hosts")
     if _VM_HOSTS[0] < 1:
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
@@ -273,6 +284,8 @@ def pytest_configure(config):
                                        config.getoption("seed"), config.getoption("history_dir"),
                                        config.getoption("rdmalab_timeout"))
     config.stash[_FAILURES] = []
+    config.stash[_RESULTS] = []
+    config.pluginmanager.register(_ResultCollector(config), "rdmalab-results")
     metrics_pytest.configure(config, config.stash[_SETTINGS].specs)
 
 
@@ -419,10 +432,17 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
         for mark in item.iter_markers("finding"):
-            reason = finding_on(mark, spec)
-            if reason:
-                raises = mark.kwargs.get("raises", AssertionError)
-                item.add_marker(pytest.mark.xfail(strict=True, raises=raises, reason=reason))
+            found = finding_on(mark, spec, registry(config))
+            if found is None:
+                continue
+            entry, key = found
+            if _ENTRY in item.stash:
+                raise pytest.UsageError(f"{item.nodeid}: two findings apply on {key}: "
+                                        f"{item.stash[_ENTRY][0].id} and {entry.id}")
+            item.stash[_ENTRY] = found
+            if entry.xfails:
+                item.add_marker(pytest.mark.xfail(strict=True, raises=entry.raises_class(),
+                                                  reason=finding_reason(entry, key, spec)))
     # One lab's scenarios together, in --lab order: each machine pool then lives only while
     # its column runs (2 cores cannot carry two VM labs at once). Caps probing booted every
     # pool: all but the first go until their column comes.
@@ -441,18 +461,46 @@ def pytest_runtest_teardown(item, nextitem):
         _close(spec, _POOLS.pop(spec))
 
 
-def finding_on(mark, spec) -> Optional[str]:
-    """The xfail reason of @finding(devices, name, text) on this lab, or None (not its
-    device). Devices are personalities of real devices ("rxe"); a model personality carries a
-    finding only when named "model:<personality>" (one that copies a device's divergence)."""
-    if len(mark.args) != 3:
-        raise pytest.UsageError("finding(devices, name, text): three arguments")
-    devices, name, text = mark.args
-    caps = spec.caps()
-    key = LAB_KINDS[spec.backend].finding_key(caps)
-    if key not in _as_list(devices):
-        return None
-    return f"finding {name} on {key} ({caps.name}): {text}"
+def registry(config) -> findings.Registry:
+    """The run's findings registry (--findings-registry, else the package's), loaded once."""
+    if _REGISTRY not in config.stash:
+        path = config.getoption("findings_registry", None)
+        try:
+            config.stash[_REGISTRY] = findings.load(path) if path else findings.default()
+        except findings.FindingsError as e:
+            raise pytest.UsageError(f"the findings registry is malformed:\n{e}") from e
+    return config.stash[_REGISTRY]
+
+
+def finding_entry(mark, reg: Optional[findings.Registry] = None) -> findings.Entry:
+    """The registry entry a @finding("<id>") names (pytest.UsageError if it names none)."""
+    reg = reg if reg is not None else findings.default()
+    usage = ('@pytest.mark.finding("<id>"): one argument, the id of an entry in '
+             f"{reg.path}")
+    if len(mark.args) != 1 or mark.kwargs or not isinstance(mark.args[0], str):
+        given = ", ".join([repr(a) for a in mark.args]
+                          + [f"{k}={v!r}" for k, v in mark.kwargs.items()])
+        raise pytest.UsageError(f"{usage}; got finding({given[:200]}). The old form "
+                                "finding(devices, name, text, raises=...) is gone: its fields "
+                                "are the entry's provider, id, summary and raises")
+    try:
+        return reg.get(mark.args[0])
+    except KeyError as e:
+        raise pytest.UsageError(f"@pytest.mark.finding({mark.args[0]!r}): {e.args[0]}") from e
+
+
+def finding_on(mark, spec, reg: Optional[findings.Registry] = None
+               ) -> Optional[tuple[findings.Entry, str]]:
+    """(entry, key) where @finding("<id>") applies to this lab, else None. The key is the
+    device's driver ("rxe") on agent labs, "model:<personality>" on the model: a model
+    personality carries an entry only where the entry names it (one that copies a device)."""
+    entry = finding_entry(mark, reg)
+    key = LAB_KINDS[spec.backend].finding_key(spec.caps())
+    return (entry, key) if entry.applies_to(key) else None
+
+
+def finding_reason(entry: findings.Entry, key: str, spec) -> str:
+    return f"{entry.kind} {entry.id} on {key} ({spec.caps().name}): {entry.summary}"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -492,6 +540,8 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"HostLost: {text}"
         phases["host_lost"] = text
     phases[rep.when] = rep.outcome
+    if rep.when == "call" and hasattr(rep, "wasxfail"):
+        phases["xfail"] = "finding" if rep.skipped else "xpassed"
     if rep.failed:
         text = f"seed {seed} on {spec.option}\nreplay: {replay_command(item, spec, seed)}"
         rep.sections.append(("rdmalab", text))
@@ -501,10 +551,20 @@ def pytest_runtest_makereport(item, call):
             device = spec.caps().name
         except Exception as e:  # the table still gets a row
             device = f"? ({e})"
+        try:
+            provider = spec.caps().personality
+        except Exception:
+            provider = ""
         item.user_properties += [("backend", spec.backend), ("personality", spec.personality),
-                                 ("column", spec.id),
+                                 ("column", spec.id), ("provider", provider),
                                  ("device", device), ("seed", seed),
                                  ("outcome", final_outcome(phases))]
+        if _ENTRY in item.stash:
+            entry = item.stash[_ENTRY][0]
+            item.user_properties.append(
+                ("finding" if entry.xfails else "provider_fact", entry.id))
+        if phases.get("xfail") == "xpassed":
+            item.user_properties.append(("xpassed", "true"))
         rep.user_properties = list(item.user_properties)
 
 
@@ -523,12 +583,47 @@ def final_outcome(phases: dict) -> str:
         return "failed"
     if "failed" in phases.values():
         return "error"
+    if phases.get("xfail") == "finding":
+        return "finding"
     if "skipped" in phases.values():
         return "skipped"
     return "passed"
 
 
+class _ResultCollector:
+    """Keeps each test's final outcome per column (its teardown report's properties; with
+    pytest-xdist these arrive from the workers) for the agreement summary."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "teardown":
+            return
+        props = dict(report.user_properties)
+        if "column" not in props:
+            return
+        self.config.stash[_RESULTS].append(result_of(report.nodeid, props))
+
+
+def result_of(nodeid: str, props: dict) -> report.Result:
+    """A report.Result (the table's row, column, outcome) from a test's properties."""
+    scenario, column = report.split_nodeid(nodeid, props)
+    message = "[XPASS(strict)]" if props.get("xpassed") else ""
+    return report.Result(scenario, column, str(props.get("outcome", "")), message,
+                         {k: str(v) for k, v in props.items()})
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    results = config.stash.get(_RESULTS, [])
+    if any(r.properties.get("backend") not in (None, "model") for r in results):
+        terminalreporter.section("rdmalab: model vs device")
+        try:
+            reg = registry(config)
+        except pytest.UsageError:
+            reg = None
+        for line in agreement.lines(results, reg):
+            terminalreporter.write_line(line)
     if _LEAKS:
         terminalreporter.section("rdmalab: left on the hosts after the run (health check)")
         for leak in _LEAKS:

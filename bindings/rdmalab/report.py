@@ -1,12 +1,15 @@
 """The result table of a run, read from pytest's JUnit XML: one row per scenario, one column
-per lab (backend-personality), each cell passed / FAILED / ERROR / skipped, then the skip
-reasons and the failures with their replay commands."""
+per lab (backend-personality), each cell passed / FAILED / ERROR / skipped / finding, then the
+skip reasons, the findings reproduced and provider facts asserted (from the findings registry,
+rdmalab/findings.toml), the agreement of each device with its model personality
+(rdmalab.agreement) and the failures with their replay commands."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 import xml.etree.ElementTree as ET
+from pathlib import PurePosixPath
 from typing import Optional
 
 
@@ -52,11 +55,20 @@ def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:
     return (f"{row}[{params}]" if params else row), column
 
 
+def split_nodeid(nodeid: str, props: dict) -> tuple[str, str]:
+    """split_name for a pytest node id: tests/s/test_x.py::test_y[model-ib] -> as the JUnit
+    classname tests.s.test_x and name test_y[model-ib] give."""
+    parts = nodeid.split("::")
+    classname = parts[-2] if len(parts) > 2 else PurePosixPath(parts[0]).stem
+    return split_name(classname, parts[-1], props)
+
+
 CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped",
         "finding": "finding", "host_lost": "HOST-LOST"}
 
 
-def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
+def format_table(results: list[Result], replay: Optional[dict] = None, registry=None) -> str:
+    """The table; registry: the findings registry (default: the package's)."""
     if not results:
         return "no test results\n"
     rows = list(dict.fromkeys(r.scenario for r in results))  # in the order they ran
@@ -79,10 +91,19 @@ def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
     if skipped:
         out.append("\nskipped:")
         out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in skipped]
-    findings = [r for r in results if r.outcome == "finding"]
-    if findings:
-        out.append("\nfindings (the device diverges from the scenario's assertion, as known):")
-        out += [f"  {r.scenario} [{r.column}]: {r.message}" for r in findings]
+    registry, registry_error = _registry(registry)
+    out += _findings_section(results, registry)
+    facts = [r for r in results if r.properties.get("provider_fact") and r.outcome == "passed"]
+    if facts:
+        out.append("\nprovider facts asserted (passed as the registry says):")
+        out += [f"  {r.properties['provider_fact']} [{r.column}]: {r.scenario}" for r in facts]
+    from . import agreement
+    agreed = agreement.lines(results, registry)
+    if agreed:
+        out.append("\nmodel vs device:")
+        out += [f"  {line}" for line in agreed]
+    if registry_error:
+        out.append(f"\nthe findings registry could not be read: {registry_error}")
     bad = [r for r in results if r.outcome in ("failed", "error", "host_lost")]
     if bad:
         out.append("\nfailed:")
@@ -90,6 +111,36 @@ def format_table(results: list[Result], replay: Optional[dict] = None) -> str:
             first = r.message.splitlines()[0] if r.message else ""
             out.append(f"  {r.scenario} [{r.column}] seed {r.properties.get('seed', '?')}: {first}")
     return "\n".join(out) + "\n"
+
+
+def _registry(registry):
+    if registry is not None:
+        return registry, ""
+    from . import findings
+    try:
+        return findings.default(), ""
+    except findings.FindingsError as e:
+        return None, str(e)
+
+
+def _findings_section(results: list[Result], registry) -> list[str]:
+    reproduced = [r for r in results if r.outcome == "finding"]
+    if not reproduced:
+        return []
+    out = ["\nfindings (the device diverges from the scenario's assertion, as registered):"]
+    for r in reproduced:
+        entry_id = r.properties.get("finding", "")
+        entry = registry.entries.get(entry_id) if registry is not None else None
+        if entry is None:  # a JUnit file from before the registry, or an unknown id
+            out.append(f"  {r.scenario} [{r.column}]: {r.message}")
+            continue
+        out.append(f"  {entry.id} [{r.column}] ({entry.kind}): {r.scenario}")
+        out.append(f"      {entry.summary}")
+        if entry.rule is not None:
+            out.append(f"      rule: {entry.rule.citation}")
+        if entry.sources:
+            out.append(f"      source: {'; '.join(str(s) for s in entry.sources)}")
+    return out
 
 
 def failed(results: list[Result]) -> bool:

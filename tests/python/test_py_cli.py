@@ -109,6 +109,7 @@ def test_table_reports_a_reproduced_finding_and_fails_a_gone_one(tmp_path):
 def test_finding_marker_applies_to_its_device_only():
     import pytest
 
+    from rdmalab import findings
     from rdmalab.pytest_plugin import finding_on
 
     class Caps:
@@ -121,12 +122,34 @@ def test_finding_marker_applies_to_its_device_only():
         def caps(self):
             return Caps()
 
-    mark = pytest.mark.finding("siw", "f", "text").mark
-    assert finding_on(mark, Spec("vm")) == "finding f on siw (siw0): text"
-    assert finding_on(mark, Spec("model")) is None     # the model predicts the spec
-    copied = pytest.mark.finding("model:siw", "f", "text").mark  # a personality copying it
-    assert finding_on(copied, Spec("model")) == "finding f on model:siw (siw0): text"
-    other = pytest.mark.finding("rxe", "f", "text").mark
-    assert finding_on(other, Spec("vm")) is None
-    with pytest.raises(pytest.UsageError):
-        finding_on(pytest.mark.finding("siw").mark, Spec("vm"))
+    def entry(entry_id, provider, models=""):
+        return textwrap.dedent(f"""
+            ["{entry_id}"]
+            kind = "unclassified"
+            provider = "{provider}"
+            summary = "text"
+            kernels = {{ reproduces = ["6.1"] }}
+            reproducer = "pytest tests/scenarios/test_x.py::test_y"
+            scenario = "tests/scenarios/test_x.py::test_y"
+        """) + models
+    registry = findings.parse(entry("f", "siw") + entry("g", "siw", 'models = ["iwarp-siw"]\n')
+                              + entry("h", "rxe"))
+    mark = pytest.mark.finding("f").mark
+    found = finding_on(mark, Spec("vm"), registry)
+    assert found is not None and found[0].id == "f" and found[1] == "siw"
+    assert finding_on(mark, Spec("model"), registry) is None   # the model predicts the spec
+
+    class ModelCaps:
+        personality, name = "iwarp-siw", "model-iwarp-siw0"
+
+    class ModelSpec(Spec):
+        def caps(self):
+            return ModelCaps()
+
+    copied = pytest.mark.finding("g").mark                      # a personality copying it
+    assert finding_on(copied, ModelSpec("model"), registry)[1] == "model:iwarp-siw"
+    assert finding_on(pytest.mark.finding("h").mark, Spec("vm"), registry) is None
+    with pytest.raises(pytest.UsageError, match="old form"):
+        finding_on(pytest.mark.finding("siw", "f", "text").mark, Spec("vm"), registry)
+    with pytest.raises(pytest.UsageError, match="no finding 'nope'"):
+        finding_on(pytest.mark.finding("nope").mark, Spec("vm"), registry)

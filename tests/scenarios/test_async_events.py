@@ -68,10 +68,7 @@ def test_port_down_and_up(lab):
 
 
 @pytest.mark.requires(transport=["IB", "RoCE"], event="SQ_DRAINED")
-@pytest.mark.finding(
-    "rxe", "rxe-sqd-to-rts-does-not-resume-the-sq",
-    "modify SQD -> RTS sets the requester READY but does not schedule it (rxe_qp.c "
-    "rxe_qp_from_attr, Linux 6.1): a WR posted in SQD waits for the next post_send")
+@pytest.mark.finding("rxe-sqd-to-rts-does-not-resume-the-sq")
 def test_sqd_with_notify_raises_sq_drained(lab):
     """RTS -> SQD stops the SQ after the WRs in progress; SQ_DRAINED says they are done.
     WRs not yet started wait in the SQ until the QP is back in RTS."""
@@ -132,16 +129,8 @@ def test_first_packet_in_rtr_raises_comm_est(lab):
     assert pair.b.wait_completions(1)
 
 
-@pytest.mark.finding(
-    "rxe", "rxe-device-removal-waits-for-the-user",
-    "`rdma link delete rxe0` with a user context open raises no DEVICE_FATAL and blocks until "
-    "the process closes the device: rxe has no disassociate_ucontext, so ib_uverbs_remove_one "
-    "waits for its clients instead of telling them (Linux 6.1)", raises=Hung)
-@pytest.mark.finding(
-    "siw", "siw-device-removal-waits-for-the-user",
-    "`rdma link delete siw0` with a user context open raises no DEVICE_FATAL within 2.5 s: "
-    "siw has no disassociate_ucontext either, so ib_uverbs_remove_one waits for its clients "
-    "(Linux 6.1; the blocking itself was checked on rxe)", raises=Hung)
+@pytest.mark.finding("rxe-device-removal-waits-for-the-user")
+@pytest.mark.finding("siw-device-removal-waits-for-the-user")
 def test_device_removal_raises_device_fatal(lab):
     """semantics.md E: removing a device (rdma link delete, a firmware reset) tells every
     user context with DEVICE_FATAL, so that it can release its objects."""

@@ -68,11 +68,7 @@ def sample_hits(rule, stop: threading.Event, out: list) -> None:
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
-@pytest.mark.finding(
-    "rxe", "rxe-dreq-retry-every-6.4-s",
-    "16 DREQs go out ~6.4 s apart, not the 6144 ms of cm.c's formula (2 x 2^(18-8) + "
-    "2^(20-8) ms), so DISCONNECTED(ETIMEDOUT) comes 102.4 s after rdma_disconnect, not 98.3 s "
-    "(Linux 6.1, rxe in the VM lab; the extra ~256 ms per retry is not explained yet)")
+@pytest.mark.finding("rxe-dreq-retry-every-6.4-s")
 def test_every_drep_dropped(lab):
     """Seed 004: a DREQ that never gets its DREP is retried, then DREQ_ERROR: the disconnecting
     side sees DISCONNECTED(-ETIMEDOUT) after the retry budget, then TIMEWAIT_EXIT; the peer
@@ -141,11 +137,7 @@ def test_rebooted_peer_reconnects_with_the_same_qpn(lab):
     assert again.qp.qp_num != old_qpn
 
 
-@pytest.mark.finding(
-    "siw", "siw-connect-is-synchronous",
-    "siw_connect connects its TCP socket inside rdma_connect (siw_cm.c kernel_bindconnect, "
-    "flags 0, Linux 6.1): a refused connection fails rdma_connect with ECONNREFUSED instead "
-    "of a REJECTED event", raises=Error)
+@pytest.mark.finding("siw-connect-is-synchronous")
 def test_connect_to_a_port_with_no_listener(lab):
     ch = lab.host("a").process("client").event_channel()
     conn = ch.connect("b", 9999)

@@ -89,11 +89,7 @@ def test_drain_sends_waiting_on_rnr(lab):
     assert_exactly_once(a)
 
 
-@pytest.mark.finding(
-    "siw", "siw-send-completes-before-delivery",
-    "with every segment from a dropped in the switch, all 32 SENDs complete SUCCESS (nothing "
-    "left to flush): siw completes a SEND once it is written to the TCP socket, not when the "
-    "peer has it (Linux 6.1)")
+@pytest.mark.finding("siw-send-completes-before-delivery")
 def test_drain_with_the_wire_cut(lab):
     """Every packet from a is dropped: its SENDs wait for ACKs that never come, and the drain
     flushes them long before the retry budget runs out."""
@@ -184,11 +180,7 @@ def test_drain_srq_attached_qp(lab):
 
 
 @pytest.mark.requires(transport="iWARP")
-@pytest.mark.finding(
-    "siw", "siw-closing-to-error-strands-queued-sends",
-    "CLOSING -> ERROR flushes the SQ only when a WQE is in progress (siw_qp.c "
-    "siw_qp_nextstate_from_close, Linux 6.1): the SENDs queued behind it never complete, so "
-    "no drain can finish")
+@pytest.mark.finding("siw-closing-to-error-strands-queued-sends")
 def test_iwarp_closing_with_outstanding_sends_goes_to_error(lab):
     """iWARP SQD is RDMAC CLOSING: the SQ must be quiesced first; with SQ WRs outstanding
     the QP goes to ERROR, and no WR may be posted in CLOSING (seed 000)."""

@@ -28,14 +28,7 @@ def lose_every_fin(lab, pair):
 
 
 @pytest.mark.requires(transport="iWARP")
-@pytest.mark.finding(
-    "siw", "siw-close-does-not-wait-for-the-fin",
-    "with every FIN from the closer lost, siw reports DISCONNECTED(0) to the closer ~10 ms "
-    "after rdma_disconnect (siw_qp_cm_drop upcalls CLOSE and releases the socket at once) "
-    "while TCP goes on retransmitting the FIN with backoff (8 FINs in 20 s); the peer stays "
-    "half-open, with no event for over 75 s, until it sends: the orphaned socket answers with "
-    "an RST and the peer gets DISCONNECTED(0) (Linux 6.1, siw in the VM lab). The model, after "
-    "cxgb4, aborts both sides after its 60 s endpoint timer")
+@pytest.mark.finding("siw-close-does-not-wait-for-the-fin")
 def test_lost_fin_ends_in_an_abort_on_both_sides(lab):
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn
