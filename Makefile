@@ -95,11 +95,11 @@ TEST_FUZZ_SECONDS ?= 30
 test-fuzz:
 	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
-# The scenario suite on the first table a new user sees: each scenario on a model
-# personality that can run it (ib: XRC, QP_FATAL; iwarp-siw: the iWARP seeds) and on each
-# device of the VM lab (rxe, siw); where qemu cannot run, the CLI says why and runs the
-# model's prediction for that device instead.
-RUN_LABS ?= --lab model:ib --lab model:iwarp-siw --lab vm:rxe --lab vm:siw
+# The scenario suite on the first table a new user sees: each device of the VM lab (rxe, siw)
+# beside the model personality that predicts it (roce, iwarp-siw: the table compares each
+# device with its twin), and ib (XRC, QP_FATAL); where qemu cannot run, the CLI says why and
+# runs the model's prediction for that device instead.
+RUN_LABS ?= --lab model:roce --lab model:iwarp-siw --lab model:ib --lab vm:rxe --lab vm:siw
 
 run: build vmlab-deps
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare || \
@@ -110,8 +110,9 @@ run: build vmlab-deps
 # four TCG guests at once would starve): rxe through an inventory of guests that `lab.vmlab
 # up` boots and that see nothing of this checkout (the agent is shipped to them over SSH, as
 # to real machines), then a host lost mid-scenario on those guests (tests/vm); siw through
-# `--lab vm:siw`, the one-command path. All run even when one fails; the target fails if any
-# did.
+# `--lab vm:siw`, the one-command path. Each beside the model personality that predicts it
+# (roce, iwarp-siw), so pytest's summary compares them ("rdmalab: model vs device"). All run
+# even when one fails; the target fails if any did.
 VM_HOSTS   ?= 2
 INVENTORY  ?= $(CURDIR)/.cache/vmlab/inventory-rxe.toml
 VMLAB      := PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab
@@ -121,15 +122,15 @@ test-vm: build vmlab-deps
 	@rc=0; \
 	echo "== scenarios on rxe guests as inventory machines ($(INVENTORY))"; \
 	if $(VMLAB) up --device rxe --hosts $(VM_HOSTS) --inventory $(INVENTORY); then \
-	  $(PYTEST) tests/scenarios --lab inventory:$(INVENTORY) --vm-hosts $(VM_HOSTS) \
-	    --rdmalab-timeout 180 -rxXs || rc=1; \
+	  $(PYTEST) tests/scenarios --lab model:roce --lab inventory:$(INVENTORY) \
+	    --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs || rc=1; \
 	  echo "== the same guests: inventory checks and a host lost mid-scenario"; \
 	  RDMALAB_INVENTORY=$(INVENTORY) $(PYTEST) tests/vm -rxXs || rc=1; \
 	  $(VMLAB) down --inventory $(INVENTORY) || rc=1; \
 	else rc=1; fi; \
 	echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"; \
-	$(PYTEST) tests/scenarios --lab vm:siw --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs \
-	  || rc=1; \
+	$(PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
+	  --rdmalab-timeout 180 -rxXs || rc=1; \
 	exit $$rc
 
 format:

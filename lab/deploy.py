@@ -68,7 +68,7 @@ def _ext_suffix() -> str:
 class Bundle:
     """What the controller ships: paths relative to repo."""
     repo: Path
-    package: tuple[str, ...]   # bindings/rdmalab/*.py
+    package: tuple[str, ...]   # bindings/rdmalab/*.py, *.toml
     engine: str                # bindings/rdmalab/_core<EXT_SUFFIX>, the controller's build
     sources: tuple[str, ...]   # what `cmake --build --target _core` reads
     version: str               # sha256[:16] over package + sources (not the .so: see _hash)
@@ -154,6 +154,9 @@ def _hash(repo: Path, files: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+PACKAGE_FILES = ("*.py", "*.toml")
+
+
 def bundle(repo: Path) -> Bundle:
     """The controller's package and engine, ready to ship. DeployError if the engine is not
     built."""
@@ -165,7 +168,9 @@ def bundle(repo: Path) -> Bundle:
         raise DeployError(f"no engine {engine} for this Python"
                           + (f" (found {', '.join(found)})" if found else "")
                           + ": build it first: make build")
-    package = sorted(str(p.relative_to(repo)) for p in pkg.glob("*.py"))
+    # The modules and their data (findings.toml: the findings registry the package reads).
+    package = sorted(str(p.relative_to(repo)) for pattern in PACKAGE_FILES
+                     for p in pkg.glob(pattern))
     sources = _engine_sources(repo)
     return Bundle(repo=repo, package=tuple(package), engine=str(engine.relative_to(repo)),
                   sources=tuple(sources), version=_hash(repo, package + sources),

@@ -76,6 +76,7 @@ def test_bundle_version_is_over_sources_not_the_built_engine(unfit_repo, tmp_pat
     assert "bindings/src/module.cc" in b.sources and "bindings/CMakeLists.txt" in b.sources
     assert not any(s.startswith("bindings/rdmalab") for s in b.sources)
     assert "bindings/rdmalab/agent.py" in b.package
+    assert "bindings/rdmalab/findings.toml" in b.package  # the package's data ships with it
     assert b.platform == deploy._ext_suffix().strip(".").removesuffix(".so")
     # Another engine from the same sources: the same version (a host that rebuilt it matches).
     other = bundle(unfit_repo)
@@ -97,7 +98,8 @@ def test_bundle_ships_a_stripped_engine_and_a_manifest(tmp_path):
         version = tar.extractfile("rdmalab/DEPLOYED_VERSION").read().decode().strip()
         with tarfile.open(fileobj=tar.extractfile("src.tar.gz")) as src:
             sources = set(src.getnames())
-    assert {"rdmalab/__init__.py", "rdmalab/agent.py", "src.tar.gz"} <= names
+    assert {"rdmalab/__init__.py", "rdmalab/agent.py", "rdmalab/findings.toml",
+            "src.tar.gz"} <= names
     assert so.size <= ENGINE.stat().st_size
     assert manifest["version"] == version == b.version
     assert manifest["engine_sha256"] == b.engine_sha256 and manifest["platform"] == b.platform
