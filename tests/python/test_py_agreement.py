@@ -121,3 +121,34 @@ def test_a_real_model_run_against_a_fake_device_column(tmp_path):
     assert a.agree == a.compared - 1
     assert a.line().startswith(f"agreement mlx5 (inventory-fake) vs model:ib: {a.agree}/"
                                f"{a.compared} scenarios agree; 1 disagree: ")
+
+
+def test_pytest_summary_compares_a_device_column_with_its_twin(pytester):
+    """The plugin's summary, end to end: a conftest dresses the model-ib column as an rxe
+    device (as a vm:rxe column's properties would read) beside model:roce."""
+    pytester.makeconftest("""
+        import pytest
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_logreport(report):
+            props = dict(report.user_properties)
+            if props.get("column") == "model-ib":
+                props.update(backend="vm", provider="rxe", column="vm-rxe")
+                report.user_properties = list(props.items())
+                report.nodeid = report.nodeid.replace("[model-ib]", "[vm-rxe]")
+    """)
+    pytester.makepyfile(test_gen="""
+        def test_same(lab):
+            pass
+
+        def test_differs(lab):
+            assert lab.host("a").caps().personality == "ib"
+    """)
+    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:roce,ib")
+    result.stdout.fnmatch_lines([
+        "*rdmalab: model vs device*",
+        "agreement rxe (vm-rxe) vs model:roce: 1/2 scenarios agree; 1 disagree: "
+        "test_gen::test_differs (UNEXPLAINED: device passed, model failed)"])
+    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:ib")
+    result.stdout.fnmatch_lines(["agreement rxe (vm-rxe): no model column to compare with: "
+                                 "add --lab model:roce"])
