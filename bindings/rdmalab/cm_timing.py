@@ -2,15 +2,41 @@
 docs/semantics.md A). Scenarios derive their time bounds from these, on every backend, so a
 device that keeps other time shows up as a failed bound, not a silently wider one.
 
-    t = IbCmTiming.for_caps(ctx.caps)          # cma.c defaults: 20 / 15 / 16
-    t.dreq_give_up_ns                          # DISCONNECTED(-ETIMEDOUT) after every DREP lost
+    t = IbCmTiming.for_caps(ctx.caps)          # cma.c defaults: 20 / 15 / 18, the host's HZ
+    lo, hi = t.dreq_give_up_range_ns           # DISCONNECTED(-ETIMEDOUT) after every DREP lost
+    t.dreq_give_up_ns                          # hi: the latest it may come
+
+A kernel timeout of N ms is not N ms: mad.c and cm.c arm msecs_to_jiffies(N) on the timer
+wheel, which runs a timer at the end of its level's bucket (rdmalab/kernel_timer.h, bound here
+as _core.kernel_timer_*). Armed at an unknown instant, a timer runs within a range; re-armed as
+it runs (mad.c's retries), it runs a fixed period later. At HZ=250 a 6144 ms DREQ timeout runs
+6144-6400 ms after rdma_disconnect, then every 6400 ms. With the host's HZ unknown
+(caps.kernel_hz 0), the ranges span every HZ Linux offers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from . import _core
+
 NS_PER_MS = 1_000_000
+KERNEL_HZ_CHOICES = (100, 250, 300, 1000)  # kernel/Kconfig.hz
+
+
+def kernel_timer_range_ns(ms: int, hz: int) -> tuple[int, int]:
+    """(earliest, latest) a kernel timer of ms armed at an unknown instant runs, in ns."""
+    if hz:
+        return tuple(_core.kernel_timer_delay_range_ns(ms, hz))
+    ranges = [_core.kernel_timer_delay_range_ns(ms, h) for h in KERNEL_HZ_CHOICES]
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+def kernel_timer_period_ns(ms: int, hz: int) -> tuple[int, int]:
+    """(shortest, longest) period of a kernel timer of ms re-armed each time it runs."""
+    periods = [_core.kernel_timer_rearm_period_ns(ms, h) for h in ((hz,) if hz else
+                                                                   KERNEL_HZ_CHOICES)]
+    return min(periods), max(periods)
 
 
 def cm_convert_to_ms(iba_time: int) -> int:
@@ -33,12 +59,14 @@ def cm_ack_timeout(ca_ack_delay: int, packet_life_time: int) -> int:
 class IbCmTiming:
     cm_response_timeout: int = 20  # CMA_CM_RESPONSE_TIMEOUT
     max_cm_retries: int = 15       # CMA_MAX_CM_RETRIES
-    packet_life_time: int = 18     # CMA_IBOE_PACKET_LIFETIME (Linux 6.1 cma.c; 16 before)
+    packet_life_time: int = 18     # CMA_IBOE_PACKET_LIFETIME (6.1.192 cma.c; 16 in 7.2.13)
     local_ca_ack_delay: int = 16   # ibv_device_attr.local_ca_ack_delay of both ends
+    kernel_hz: int = 250           # the host's CONFIG_HZ (Debian amd64); 0 = unknown
 
     @classmethod
     def for_caps(cls, caps, **overrides) -> "IbCmTiming":
-        return cls(local_ca_ack_delay=caps.local_ca_ack_delay, **overrides)
+        return cls(local_ca_ack_delay=caps.local_ca_ack_delay,
+                   kernel_hz=getattr(caps, "kernel_hz", 0), **overrides)
 
     @property
     def active_timeout_ms(self) -> int:
@@ -65,13 +93,38 @@ class IbCmTiming:
         return self.max_cm_retries + 1
 
     @property
+    def retry_period_range_ns(self) -> tuple[int, int]:
+        """Between two sends of a retried active-side MAD (REQ, DREQ): mad.c re-arms the
+        timeout as the previous one runs, so the wheel gives the same period each time."""
+        return kernel_timer_period_ns(self.active_timeout_ms, self.kernel_hz)
+
+    @property
+    def dreq_give_up_range_ns(self) -> tuple[int, int]:
+        """DREQ from the active side with no DREP: every attempt times out, then DREQ_ERROR.
+        The first timeout runs from an unknown phase of the wheel, the others a period apart."""
+        first = kernel_timer_range_ns(self.active_timeout_ms, self.kernel_hz)
+        period = self.retry_period_range_ns
+        return (first[0] + (self.attempts - 1) * period[0],
+                first[1] + (self.attempts - 1) * period[1])
+
+    @property
     def dreq_give_up_ns(self) -> int:
-        """DREQ from the active side with no DREP: every attempt times out, then DREQ_ERROR."""
-        return self.attempts * self.active_timeout_ns
+        """The latest DREQ_ERROR may come after rdma_disconnect (the formula alone,
+        attempts * timeout_ms, is the earliest bound the wheel never meets)."""
+        return self.dreq_give_up_range_ns[1]
+
+    @property
+    def timewait_ms(self) -> int:
+        """cm_enter_timewait: cm_convert_to_ms(av.timeout), where av.timeout is the local ACK
+        timeout cm_ack_timeout(ack delay, packet life time)."""
+        return cm_convert_to_ms(cm_ack_timeout(self.local_ca_ack_delay, self.packet_life_time))
+
+    @property
+    def timewait_range_ns(self) -> tuple[int, int]:
+        """TIMEWAIT's length on the wheel: 2048 ms runs 2048-2304 ms later at HZ=250."""
+        return kernel_timer_range_ns(self.timewait_ms, self.kernel_hz)
 
     @property
     def timewait_ns(self) -> int:
-        """cm_enter_timewait: cm_convert_to_ms(av.timeout), where av.timeout is the local ACK
-        timeout cm_ack_timeout(ack delay, packet life time)."""
-        return cm_convert_to_ms(cm_ack_timeout(self.local_ca_ack_delay,
-                                               self.packet_life_time)) * NS_PER_MS
+        """The longest TIMEWAIT lasts."""
+        return self.timewait_range_ns[1]

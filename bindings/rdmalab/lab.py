@@ -129,6 +129,9 @@ class Lab:
     # Time bounds in scenarios are exact on the model; on devices they get this much more
     # (timers, event threads and the controller's round trips run on real clocks).
     tolerance_ns = 0
+    # A kernel timer the model predicts to the tick (the timer wheel: rdmalab.cm_timing) runs
+    # on a device that much later at most (softirq, workqueue, the event's way to the harness).
+    timer_slack_ns = 0
 
     def _make_faults(self):
         return NoFaults(self)

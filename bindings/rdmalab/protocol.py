@@ -38,7 +38,8 @@ class LabProtocol(Protocol):
     seed: int
     replay: str             # how to replay this run (the plugin sets it)
     backend: str            # a label for reports ("model", "verbs"); never branch on it
-    tolerance_ns: int       # slack a device's timers get in time bounds (0 on the model)
+    tolerance_ns: int       # slack a device gets in time bounds the model does not predict
+    timer_slack_ns: int     # per kernel timer whose run cm_timing predicts (0 on the model)
     addresses: dict         # host name -> what rdma_cm resolves for it
     capabilities: frozenset
 

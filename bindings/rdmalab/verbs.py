@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from . import _core
+from . import _core, kernel
 from .errors import raise_parked
 from .names import access_flags, name, parse, sec
 from .requests import make_modify, make_qp_cap, make_recv_wr, make_send_wr, srq_attr
@@ -51,6 +51,7 @@ class DeviceCaps:
     retry_cnt_7_infinite: bool
     reports_qp_state: bool
     local_ca_ack_delay: int
+    kernel_hz: int  # the host kernel's CONFIG_HZ (0 = unknown): its timers tick in jiffies
     raises: tuple[str, ...]
 
     @classmethod
@@ -59,6 +60,8 @@ class DeviceCaps:
         for key in ("transport", "err_post", "xrc_tgt_lifetime"):
             fields[key] = name(fields[key])
         fields["raises"] = tuple(name(t) for t in c.raises)
+        if not fields["kernel_hz"]:  # a device: the kernel this process runs on (the host's)
+            fields["kernel_hz"] = kernel.kernel_hz()
         return cls(**fields)
 
     def raises_event(self, event) -> Optional[bool]:

@@ -3,6 +3,7 @@
 #include <pybind11/operators.h>
 
 #include "bind.h"
+#include "rdmalab/kernel_timer.h"
 #include "rdmalab/types.h"
 #include "rdmalab/verbs.h"
 
@@ -89,6 +90,7 @@ void bind_device_structs(py::module_& m) {
       .def_readwrite("retry_cnt_7_infinite", &DeviceCaps::retry_cnt_7_infinite)
       .def_readwrite("reports_qp_state", &DeviceCaps::reports_qp_state)
       .def_readwrite("local_ca_ack_delay", &DeviceCaps::local_ca_ack_delay)
+      .def_readwrite("kernel_hz", &DeviceCaps::kernel_hz)
       .def_readwrite("raises", &DeviceCaps::raises)
       .def("raises_event", &DeviceCaps::raises_event, py::arg("type"));
 }
@@ -193,9 +195,19 @@ void bind_wr_structs(py::module_& m) {
       .def_readwrite("seq", &AsyncEvent::seq);
 }
 
+// rdmalab/kernel_timer.h: the one home of the timer wheel's arithmetic (cm_timing uses it).
+void bind_kernel_timer(py::module_& m) {
+  using py::arg;
+  m.def("kernel_timer_delay_ns", &kernel_timer_delay_ns, arg("now_ns"), arg("ms"), arg("hz"));
+  m.def("kernel_timer_delay_range_ns", &kernel_timer_delay_range_ns, arg("ms"), arg("hz"));
+  m.def("kernel_timer_rearm_period_ns", &kernel_timer_rearm_period_ns, arg("ms"), arg("hz"));
+  m.def("msecs_to_jiffies", &msecs_to_jiffies, arg("ms"), arg("hz"));
+}
+
 }  // namespace
 
 void bind_types(py::module_& m) {
+  bind_kernel_timer(m);
   bind_enums(m);
   bind_device_structs(m);
   bind_qp_structs(m);

@@ -6,6 +6,7 @@
 
 #include "model/device.h"
 #include "model/fabric.h"
+#include "rdmalab/kernel_timer.h"
 
 namespace rdmalab::model {
 
@@ -126,6 +127,13 @@ void IbCm::send_on(Id& id, CmMsg m) {
   transmit(id.remote_host, std::move(m), label(id.local_id));
 }
 
+// mad.c and cm.c arm their timers with msecs_to_jiffies(ms) on the kernel's timer wheel, which
+// runs them at the end of a tick bucket, later than ms (rdmalab/kernel_timer.h).
+int64_t IbCm::kernel_delay_ns(int64_t ms) const {
+  return kernel_timer_delay_ns(env_.runtime.now_ns(), static_cast<uint64_t>(ms),
+                               dev_.pers.caps.kernel_hz);
+}
+
 // One MAD that expects an answer: retries = max_cm_retries, each waits timeout_ms (mad.c
 // timeout_sends; retries + 1 sends in all), then cm_process_send_error.
 void IbCm::send_with_retry(Id& id, CmMsg m) {
@@ -146,8 +154,8 @@ void IbCm::arm_timer(Id& id) {
   env_.runtime.cancel(p.timer);
   const uint32_t local_id = id.local_id;
   const uint64_t epoch = epoch_;
-  p.timer = env_.runtime.schedule_after(
-      p.timeout_ms * kNsPerMs, [this, local_id, epoch] { on_mad_timeout(local_id, epoch); });
+  p.timer = env_.runtime.schedule_after(kernel_delay_ns(p.timeout_ms),
+                                        [this, local_id, epoch] { on_mad_timeout(local_id, epoch); });
 }
 
 void IbCm::cancel_mad(Id& id) {
@@ -222,7 +230,7 @@ void IbCm::enter_timewait(Id& id) {
   const uint32_t local_id = id.local_id;
   const uint64_t epoch = epoch_;
   id.timewait_timer = env_.runtime.schedule_after(
-      wait_ms * kNsPerMs, [this, local_id, epoch] { on_timewait_expired(local_id, epoch); });
+      kernel_delay_ns(wait_ms), [this, local_id, epoch] { on_timewait_expired(local_id, epoch); });
 }
 
 void IbCm::on_timewait_expired(uint32_t local_id, uint64_t epoch) {

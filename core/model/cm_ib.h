@@ -173,6 +173,7 @@ class IbCm {
   void send_on(Id& id, CmMsg m);          // no answer expected (RTU, DREP, REJ, MRA)
   void send_with_retry(Id& id, CmMsg m);  // REQ, REP, DREQ: answer expected
   void arm_timer(Id& id);
+  int64_t kernel_delay_ns(int64_t ms) const;
   void cancel_mad(Id& id);
   void on_mad_timeout(uint32_t local_id, uint64_t epoch);
   void process_send_error(Id& id);  // cm_process_send_error

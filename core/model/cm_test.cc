@@ -67,8 +67,8 @@ TEST_P(CmPers, ConnectAndDisconnect) {
   EXPECT_EQ(server.id->protocol_state(), "TIMEWAIT");
   client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);
   const TimeNs tw = timewait_ns(pers);
-  server.expect(E::TIMEWAIT_EXIT, 0, t1 + kLatency + tw, 2 * tw);
-  client.expect(E::TIMEWAIT_EXIT, 0, t1 + 2 * kLatency + tw, 2 * tw);
+  server.expect(E::TIMEWAIT_EXIT, 0, fires(t1 + kLatency, tw / kNsPerMs), 2 * tw);
+  client.expect(E::TIMEWAIT_EXIT, 0, fires(t1 + 2 * kLatency, tw / kNsPerMs), 2 * tw);
   EXPECT_EQ(client.id->cm_state(), "DISCONNECT");
   EXPECT_EQ(client.id->protocol_state(), "IDLE");
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "DREQ"), 1u);
@@ -92,9 +92,13 @@ TEST(Cm, EveryDrepDropped) {
   client.id->disconnect();
   server.expect(E::DISCONNECTED, 0, t1 + kLatency);
   server.id->disconnect();  // its DREP is lost
-  server.expect(E::TIMEWAIT_EXIT, 0, t1 + kLatency + 2048 * kNsPerMs);
-  client.expect(E::DISCONNECTED, -ETIMEDOUT, t1 + 16 * kActiveTimeoutNs);
-  client.expect(E::TIMEWAIT_EXIT, 0, t1 + 16 * kActiveTimeoutNs + 2048 * kNsPerMs);
+  server.expect(E::TIMEWAIT_EXIT, 0, fires(t1 + kLatency, 2048));
+  // 16 DREQs: each timeout of 6144 ms runs at the end of a 64-jiffy bucket, 6400 ms after the
+  // one before (the first from wherever t1 lies in its bucket).
+  const TimeNs gave_up = fires_n(t1, 6144, 16);
+  EXPECT_EQ(gave_up - fires(t1, 6144), 15 * 6400 * kNsPerMs);
+  client.expect(E::DISCONNECTED, -ETIMEDOUT, gave_up);
+  client.expect(E::TIMEWAIT_EXIT, 0, fires(gave_up, 2048));
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "DREQ"), 16u);
   EXPECT_EQ(count_records(*lab, "cm_retry", "msg", "DREQ"), 15u);
   EXPECT_EQ(count_records(*lab, "cm_timeout", "msg", "DREQ"), 1u);
@@ -114,7 +118,7 @@ TEST(Cm, TimingKnobsFollowTheFormulas) {
   t.packet_life_time = 14;  // 64 ms
   client.start_connect("a", kPort, &t);
   const TimeNs t0 = lab->runtime().now_ns();
-  client.expect(E::UNREACHABLE, -ETIMEDOUT, t0 + 4 * (2 * 64 + 1024) * kNsPerMs, 10 * kNsPerSec);
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, fires_n(t0, 2 * 64 + 1024, 4), 10 * kNsPerSec);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 4u);
   EXPECT_EQ(client.id->protocol_state(), "IDLE");
   EXPECT_TRUE(server.quiet(kNsPerSec));
@@ -164,8 +168,8 @@ TEST(Cm, LostRepIsResentByThePassiveSide) {
   server.make_qp(*server.id);
   server.id->accept(ConnParam{});
   const TimeNs t_rep = lab->runtime().now_ns();
-  client.expect(E::ESTABLISHED, 0, t_rep + kPassiveTimeoutNs + kLatency, 10 * kNsPerSec);
-  server.expect(E::ESTABLISHED, 0, t_rep + kPassiveTimeoutNs + 2 * kLatency);
+  client.expect(E::ESTABLISHED, 0, fires(t_rep, 4096) + kLatency, 10 * kNsPerSec);
+  server.expect(E::ESTABLISHED, 0, fires(t_rep, 4096) + 2 * kLatency);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 2u);
   EXPECT_EQ(count_records(*lab, "cm_duplicate", "msg", "REQ"), 1u);  // dropped in REP_SENT
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REP"), 2u);
@@ -185,8 +189,7 @@ TEST(Cm, LostRtuIsRepairedByADuplicateRep) {
   server.accept_next();
   client.expect(E::ESTABLISHED, 0, t0 + 2 * kLatency);
   EXPECT_EQ(server.id->protocol_state(), "REP_SENT");
-  server.expect(E::ESTABLISHED, 0, t0 + kLatency + kPassiveTimeoutNs + 2 * kLatency,
-                10 * kNsPerSec);
+  server.expect(E::ESTABLISHED, 0, fires(t0 + kLatency, 4096) + 2 * kLatency, 10 * kNsPerSec);
   EXPECT_EQ(count_records(*lab, "cm_duplicate", "msg", "REP"), 1u);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "RTU"), 2u);
 }
@@ -204,11 +207,14 @@ TEST(Cm, DuplicateReqBeforeAcceptGetsAnMra) {
   ASSERT_EQ(req.event, E::CONNECT_REQUEST);
   EXPECT_EQ(server.ch->find_id(req.id)->protocol_state(), "MRA_REQ_SENT");
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "MRA"), 0u);  // delayed MRA: not sent yet
-  lab->run_until(t0 + kActiveTimeoutNs + 2 * kLatency);
+  const TimeNs resent = fires(t0, 6144);
+  lab->run_until(resent + 2 * kLatency);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "MRA"), 1u);
   EXPECT_EQ(client.id->protocol_state(), "MRA_REQ_RCVD");
-  // No more REQs for 65536 + 2048 ms.
-  lab->run_until(t0 + kActiveTimeoutNs + kLatency + 67584 * kNsPerMs - 1);
+  // No more REQs for 65536 + 2048 ms, on the wheel's level 3 (512-jiffy buckets).
+  const TimeNs next_req = fires(resent + 2 * kLatency, 67584);
+  EXPECT_GT(next_req, resent + 2 * kLatency + 67584 * kNsPerMs);
+  lab->run_until(next_req - 1);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 2u);
   lab->run_for(2 * kLatency);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "REQ"), 3u);

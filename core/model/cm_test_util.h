@@ -10,11 +10,23 @@
 
 #include "model/test_util.h"
 #include "rdmalab/cm.h"
+#include "rdmalab/kernel_timer.h"
 
 namespace rdmalab::model::testing {
 
 inline constexpr uint16_t kPort = 7471;
 inline constexpr TimeNs kLatency = 2 * kNsPerUs;  // FabricOptions default
+inline constexpr int kHz = 250;  // every personality's kernel (personality.cc)
+
+// When a kernel timer of `ms` armed at `armed_ns` runs (the timer wheel rounds it up).
+inline TimeNs fires(TimeNs armed_ns, int64_t ms) {
+  return armed_ns + kernel_timer_delay_ns(armed_ns, static_cast<uint64_t>(ms), kHz);
+}
+// The n'th run of a timer re-armed each time it runs (mad.c retries).
+inline TimeNs fires_n(TimeNs armed_ns, int64_t ms, int n) {
+  for (int i = 0; i < n; ++i) armed_ns = fires(armed_ns, ms);
+  return armed_ns;
+}
 
 struct CmEnd {
   ModelLab* lab = nullptr;

@@ -25,6 +25,9 @@ DeviceCaps base_caps(const std::string& name, Transport t) {
   c.max_srq_wr = 4096;
   c.max_mr = 4096;
   c.phys_port_cnt = 1;
+  // The kernel every personality runs under: Debian's amd64 config (CONFIG_HZ_250), the kernel
+  // of the VM lab; its CM timers round on the timer wheel (rdmalab/kernel_timer.h).
+  c.kernel_hz = 250;
   return c;
 }
 

@@ -80,7 +80,7 @@ TEST(Reboot, ReconnectWithTheSameQpnIsStale) {
   }
   EXPECT_TRUE(dreq_for_17);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "DREP"), 1u);  // b's cm_issue_drep
-  server.expect(E::TIMEWAIT_EXIT, 0, t2 + 3 * kLatency + 2048 * kNsPerMs);
+  server.expect(E::TIMEWAIT_EXIT, 0, fires(t2 + 3 * kLatency, 2048));
   EXPECT_TRUE(back.quiet(2 * kNsPerSec));  // REJECTED: no TIMEWAIT_EXIT
 
   back.id->destroy(lab->runtime().now_ns());
@@ -100,7 +100,7 @@ TEST(Reboot, ConnectToADownHostIsUnreachable) {
   lab->reboot("a", 1000 * kNsPerSec);
   client.start_connect("a");
   const TimeNs t0 = lab->runtime().now_ns();
-  client.expect(E::UNREACHABLE, -ETIMEDOUT, t0 + 16 * 6144 * kNsPerMs);
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, fires_n(t0, 6144, 16));
   EXPECT_EQ(count_records(*lab, "fault", "fault", "host_down_drop"), 16u);
 }
 

@@ -61,7 +61,7 @@ def test_killed_process_releases_its_connection(lab):
     else:
         assert ev.status == 0
         timing = IbCmTiming.for_caps(lab.host("b").caps())
-        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10) + lab.tolerance_ns)
+        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10) + lab.timer_slack_ns)
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED",
                                  "TIMEWAIT_EXIT"]
         assert dreqs.hits == 1, f"{dreqs.hits} DREQs from the killed side (cm_destroy_id " \

@@ -163,6 +163,9 @@ struct DeviceCaps {
   // ibv_device_attr.local_ca_ack_delay: the IB CM puts it in REQ/REP and derives the local ACK
   // timeout and the TIMEWAIT time from it (cm.c cm_ack_timeout).
   uint8_t local_ca_ack_delay = 16;
+  // The host kernel's CONFIG_HZ: its timers (CM MAD timeouts, TIMEWAIT) run on jiffy ticks and
+  // the timer wheel's buckets (rdmalab/kernel_timer.h). 0 = unknown.
+  uint16_t kernel_hz = 0;
   // Async events the provider is known to raise; empty means unknown (real devices).
   std::vector<AsyncEventType> raises;
   bool raises_event(AsyncEventType t) const;
