@@ -11,7 +11,7 @@ from . import remote as _remote
 from .errors import raise_parked
 from .names import name, parse, sec
 from .requests import make_recv_wr, make_send_wr
-from .verbs import WC, AsyncEvent, Context, Cq, Qp, Srq, unwrap
+from .verbs import DEFAULT_DESTROY_TIMEOUT_NS, WC, AsyncEvent, Context, Cq, Qp, Srq, unwrap
 
 Endpoint = _core.Endpoint
 LedgerReport = _core.LedgerReport
@@ -177,8 +177,9 @@ class Dispatcher:
     def set_default_handler(self, handler: Callable[[AsyncEvent], None]) -> None:
         self._o.set_default_handler(lambda ev: handler(AsyncEvent.from_core(ev)))
 
-    def destroy(self, obj, timeout_ns: int = sec(1)) -> None:
-        """Destroys a watched QP, SRQ or CQ after its handlers are done (seed 002 order)."""
+    def destroy(self, obj, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
+        """Destroys a watched QP, SRQ or CQ after its handlers are done (seed 002 order); the
+        handlers and then the backend's wait for acks (EBUSY) end at timeout_ns."""
         verb = {Qp: self._o.destroy_qp, Srq: self._o.destroy_srq, Cq: self._o.destroy_cq}.get(
             type(obj))
         if verb is None:

@@ -178,14 +178,17 @@ class Cq(_Obj):
     def __init__(self, ctx: "Context", o):
         self.ctx, self._o = ctx, o
 
+    # ibv_cq->cqe: the size the provider gave, rounded up from what create_cq asked for.
     cqe = property(lambda self: self._o.cqe)
 
     def poll(self, n: int = 16) -> list[WC]:
         """ibv_poll_cq: up to n completions, oldest first; never blocks."""
         return [WC.from_core(w) for w in _run(self._o.poll, n)]
 
-    def destroy(self) -> None:
-        _run(self._o.destroy)
+    def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
+        """ibv_destroy_cq; waits up to timeout_ns for acks of events read (EBUSY after)."""
+        o = self._o
+        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
 
 
 class Srq(_Obj):
@@ -204,8 +207,10 @@ class Srq(_Obj):
     def arm_limit(self, srq_limit: int) -> None:
         _run(self._o.arm_limit, srq_limit)
 
-    def destroy(self) -> None:
-        _run(self._o.destroy)
+    def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
+        """ibv_destroy_srq; waits up to timeout_ns for acks of events read (EBUSY after)."""
+        o = self._o
+        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
 
 
 class Xrcd(_Obj):

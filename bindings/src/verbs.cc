@@ -56,7 +56,7 @@ void bind_objects(py::module_& m) {
   py::class_<Cq, Object, std::shared_ptr<Cq>>(m, "Cq")
       .def_property_readonly("cqe", &Cq::cqe)
       .def("poll", &Cq::poll, arg("max"), kRelease)
-      .def("destroy", &Cq::destroy, kRelease);
+      .def("destroy", &Cq::destroy, arg("deadline_ns"), kRelease);
 
   py::class_<Srq, Object, std::shared_ptr<Srq>>(m, "Srq")
       .def_property_readonly("srq_num", &Srq::srq_num)
@@ -65,7 +65,7 @@ void bind_objects(py::module_& m) {
       .def("arm_limit", &Srq::arm_limit, arg("srq_limit"), kRelease)
       .def_property_readonly("limit", py::cpp_function(&Srq::limit, kRelease))
       .def_property_readonly("outstanding", py::cpp_function(&Srq::outstanding, kRelease))
-      .def("destroy", &Srq::destroy, kRelease);
+      .def("destroy", &Srq::destroy, arg("deadline_ns"), kRelease);
 
   py::class_<Xrcd, Object, std::shared_ptr<Xrcd>>(m, "Xrcd").def("close", &Xrcd::close, kRelease);
 

@@ -244,7 +244,7 @@ void IwCm::on_mpa_reply(Ep& ep, const IwWire& w) {
   ev.type = IwCmEventType::CONNECT_REPLY;
   ev.private_data = w.private_data;
   if (w.reject) {
-    ev.status = -ECONNRESET;  // the peer rejected the MPA request
+    ev.status = dev_.pers.mpa_reject_status;  // the provider's (Personality::mpa_reject_status)
   } else {
     ep.connected = true;
     ep.remote_qpn = w.qpn;

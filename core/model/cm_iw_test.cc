@@ -86,8 +86,11 @@ TEST(IwCm, NoListenerIsRefused) {
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
 }
 
-TEST(IwCm, PeerRejectIsConnReset) {
-  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
+// An MPA reject is REJECTED with the provider's status: cxgb4's process_mpa_reply sets
+// -ECONNREFUSED on MPA_REJECT (connect_reply_upcall(ep, err)); siw_proc_mpareply upcalls
+// CONNECT_REPLY with -ECONNRESET (both hw/cxgb4/cm.c and sw/siw/siw_cm.c, Linux 6.1).
+TEST_P(IwPers, PeerRejectStatusIsTheProviders) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
@@ -96,7 +99,8 @@ TEST(IwCm, PeerRejectIsConnReset) {
   CmEvent req = server.next();
   ASSERT_EQ(req.event, E::CONNECT_REQUEST);
   server.ch->find_id(req.id)->reject({});
-  client.expect(E::REJECTED, -ECONNRESET, t0 + 2 * kLatency);
+  const int want = GetParam() == "iwarp-cxgb4" ? -ECONNREFUSED : -ECONNRESET;
+  client.expect(E::REJECTED, want, t0 + 2 * kLatency);
   EXPECT_EQ(client.id->protocol_state(), "IDLE");
 }
 

@@ -88,8 +88,10 @@ std::shared_ptr<Cq> ModelContext::create_cq(int cqe) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > dev_.caps.max_cqe) {
     throw Error("ibv_create_cq", EINVAL, "cqe " + std::to_string(cqe) + " outside 1..max_cqe");
   }
-  auto cq = adopt(std::make_shared<ModelCq>(*this, cqe));
-  env().record(st_.host, cq->label(), "verb", {{"verb", "ibv_create_cq"}, {"cqe", cqe}});
+  const CqSize size = cq_size(dev_.pers, cqe);  // the provider's rounding (personality.cc)
+  auto cq = adopt(std::make_shared<ModelCq>(*this, size.cqe, size.capacity));
+  env().record(st_.host, cq->label(), "verb",
+               {{"verb", "ibv_create_cq"}, {"cqe", cqe}, {"cqe_reported", size.cqe}});
   return cq;
 }
 

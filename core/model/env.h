@@ -27,9 +27,6 @@ struct LabToken {
 // SQ_DRAINED, ...). Injected events give their own driver delay.
 inline constexpr TimeNs kDriverDelayNs = 1 * kNsPerUs;
 
-// Ack wait for verbs whose API takes no deadline (ibv_destroy_srq): virtual time, then EBUSY.
-inline constexpr TimeNs kDefaultAckWaitNs = 1 * kNsPerSec;
-
 struct Env {
   explicit Env(uint64_t seed_in)
       : seed(seed_in), runtime(seed_in), history([this] { return runtime.now_ns(); }) {}

@@ -26,27 +26,80 @@ struct Two {
 
 TEST(Events, CqOverflowOnRoceLosesEachExtraCompletionAndKeepsTheQp) {
   Two t("roce", 2);
-  for (int i = 0; i < 4; ++i) t.qb->post_recv(recv_wr(i, *t.b.mr));
-  for (int i = 0; i < 4; ++i) t.qa->post_send(send_wr(i, *t.a.mr));
+  ASSERT_EQ(t.a.cq->cqe(), 3);  // rxe: roundup_pow_of_two(2 + 1) - 1, all usable
+  for (int i = 0; i < 5; ++i) t.qb->post_recv(recv_wr(i, *t.b.mr));
+  for (int i = 0; i < 5; ++i) t.qa->post_send(send_wr(i, *t.a.mr));
   t.lab->run_for(kNsPerMs);
   auto evs = read_events(*t.lab, *t.a.ctx);
   EXPECT_EQ(types_of(evs), (std::vector<E>{E::CQ_ERR, E::CQ_ERR}));  // one per lost completion
   EXPECT_EQ(evs[0].object_id, t.a.cq->id());
   EXPECT_EQ(t.qa->state(), QpState::RTS);
   auto wcs = t.a.cq->poll(8);
-  ASSERT_EQ(wcs.size(), 2u);
+  ASSERT_EQ(wcs.size(), 3u);
   EXPECT_EQ(wcs[0].wr_id, 0u);
   EXPECT_EQ(count_kind(*t.lab, "wc_lost"), 4u);  // 2 on each side
 }
 
 TEST(Events, CqOverflowOnIbRaisesCqErrOnceAndErrorsItsQps) {
   Two t("ib", 2);
-  for (int i = 0; i < 4; ++i) t.qb->post_recv(recv_wr(i, *t.b.mr));
-  for (int i = 0; i < 4; ++i) t.qa->post_send(send_wr(i, *t.a.mr));
+  ASSERT_EQ(t.a.cq->cqe(), 3);  // mlx5: a ring of 4, cqe 3 reported
+  for (int i = 0; i < 5; ++i) t.qb->post_recv(recv_wr(i, *t.b.mr));
+  for (int i = 0; i < 5; ++i) t.qa->post_send(send_wr(i, *t.a.mr));
   t.lab->run_for(kNsPerMs);
   EXPECT_EQ(types_of(read_events(*t.lab, *t.a.ctx)), (std::vector<E>{E::CQ_ERR}));
   EXPECT_EQ(t.qa->state(), QpState::ERR);
   EXPECT_EQ(t.qb->state(), QpState::ERR);
+}
+
+// ibv_create_cq(n) reports the provider's size (kernel-facts.md Q11, Linux 6.1): rxe and
+// mlx5 pow2(n + 1) - 1, siw pow2(n), cxgb4 roundup(n + 2, 16) - 2, mana n (model).
+TEST(Events, CreateCqReportsTheProvidersSize) {
+  const std::vector<std::pair<std::string, std::vector<int>>> want = {
+      {"roce", {1, 3, 7, 31, 127}},          // n = 1, 2, 4, 16, 100
+      {"ib", {1, 3, 7, 31, 127}},
+      {"iwarp-siw", {1, 2, 4, 16, 128}},
+      {"iwarp-cxgb4", {14, 14, 14, 30, 110}},
+      {"mana", {1, 2, 4, 16, 100}}};
+  const std::vector<int> asked = {1, 2, 4, 16, 100};
+  for (const auto& [pers, cqes] : want) {
+    auto lab = lab_of({{"a", pers}});
+    Node a = Node::on(*lab, "a");
+    for (size_t i = 0; i < asked.size(); ++i) {
+      EXPECT_EQ(a.ctx->create_cq(asked[i])->cqe(), cqes[i]) << pers << " n=" << asked[i];
+    }
+  }
+}
+
+// The rounded size is what the CQ holds: with nobody polling, capacity completions fit and
+// the next one overflows (CQ_ERR). rxe, siw: the reported cqe; mlx5: its ring, cqe + 1;
+// cxgb4: an IQ of max(64, 2 * roundup(n + 2, 16)) less 2 (Q11, inference).
+TEST(Events, CqHoldsTheProvidersCapacityThenOverflows) {
+  const std::vector<std::pair<std::string, int>> capacity = {
+      {"roce", 7}, {"ib", 8}, {"iwarp-siw", 4}, {"iwarp-cxgb4", 62}, {"mana", 4}};
+  for (const auto& [pers, cap] : capacity) {
+    SCOPED_TRACE(pers);
+    for (const int extra : {0, 1}) {
+      auto lab = lab_of({{"a", pers}, {"b", pers}});
+      Node a = Node::on(*lab, "a", "p", 4);
+      Node b = Node::on(*lab, "b", "p", 256);
+      QpCap cap_wr;
+      cap_wr.max_send_wr = 128;
+      cap_wr.max_recv_wr = 128;
+      auto qa = a.qp(QpType::RC, nullptr, cap_wr);
+      auto qb = b.qp(QpType::RC, nullptr, cap_wr);
+      connect(*qa, *a.ctx, *qb, *b.ctx);
+      const int n = cap + extra;  // signaled SENDs: n completions on a's CQ
+      for (int i = 0; i < n; ++i) qb->post_recv(recv_wr(i, *b.mr, 16, 16 * (i % 64)));
+      for (int i = 0; i < n; ++i) qa->post_send(send_wr(i, *a.mr));
+      lab->run_for(10 * kNsPerMs);
+      EXPECT_EQ(count_kind(*lab, "wc_lost"), extra == 1 ? 1u : 0u) << "n=" << n;
+      if (a.ctx->caps().raises_event(E::CQ_ERR)) {  // mana raises QP_FATAL only
+        EXPECT_EQ(types_of(read_events(*lab, *a.ctx)),
+                  extra == 1 ? std::vector<E>{E::CQ_ERR} : std::vector<E>{})
+            << "n=" << n;
+      }
+    }
+  }
 }
 
 TEST(Events, SrqLimitReachedOnceThenDisarmed) {
@@ -76,6 +129,31 @@ TEST(Events, SrqLimitReachedOnceThenDisarmed) {
   EXPECT_EQ(evs[0].object_id, srq->id());
   EXPECT_EQ(srq->limit(), 0u);
   EXPECT_EQ(srq->outstanding(), 1u);
+}
+
+// siw (siw_qp_rx.c siw_rqe_get -> siw_srq_event) and cxgb4 (c4iw_dispatch_srq_limit_reached_event
+// from c4iw_poll_cq / the T4_SRQ_LIMIT_SUPPORT notification) raise SRQ_LIMIT_REACHED too.
+TEST(Events, SrqLimitReachedOnIwarp) {
+  for (const std::string pers : {"iwarp-siw", "iwarp-cxgb4"}) {
+    SCOPED_TRACE(pers);
+    auto lab = lab_of({{"a", pers}, {"b", pers}});
+    Node a = Node::on(*lab, "a");
+    Node b = Node::on(*lab, "b");
+    SrqInitAttr sa;
+    sa.max_wr = 16;
+    auto srq = b.ctx->create_srq(*b.pd, sa);
+    auto qa = a.qp();
+    auto qb = b.qp(QpType::RC, srq);
+    connect(*qa, *a.ctx, *qb, *b.ctx);
+    for (int i = 0; i < 5; ++i) srq->post_recv(recv_wr(i, *b.mr, 64, 64 * i));
+    srq->arm_limit(3);
+    for (int i = 0; i < 3; ++i) qa->post_send(send_wr(i, *a.mr));  // 2 left: below 3
+    EXPECT_EQ(wait_wcs(*lab, *b.cq, 3).size(), 3u);
+    auto evs = read_events(*lab, *b.ctx);
+    ASSERT_EQ(types_of(evs), (std::vector<E>{E::SRQ_LIMIT_REACHED}));
+    EXPECT_EQ(evs[0].object_id, srq->id());
+    EXPECT_EQ(srq->limit(), 0u);
+  }
 }
 
 TEST(Events, LastWqeReachedWhenAnSrqQpEntersErrOnIbOnly) {
@@ -262,18 +340,18 @@ TEST(Events, SrqDestroyWaitsForAcksAndRefusesWhileQpsUseIt) {
   Node a = Node::on(*lab, "a");
   auto srq = a.ctx->create_srq(*a.pd, SrqInitAttr{});
   auto qp = a.qp(QpType::RC, srq);
-  EXPECT_EQ(err_of([&] { srq->destroy(); }), EBUSY);  // a QP is attached
+  EXPECT_EQ(err_of([&] { srq->destroy(0); }), EBUSY);  // a QP is attached
   qp->destroy(0);
   lab->inject_async_event("a", E::SRQ_ERR, srq->srq_num(), 0);
   auto ev = a.ctx->get_async_event(lab->runtime().now_ns() + kNsPerMs);
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->srq_num, srq->srq_num());
   const TimeNs t0 = lab->runtime().now_ns();
-  EXPECT_EQ(err_of([&] { srq->destroy(); }), EBUSY);  // read, not acked: bounded wait
-  EXPECT_EQ(lab->runtime().now_ns() - t0, kNsPerSec);
+  EXPECT_EQ(err_of([&] { srq->destroy(t0 + kNsPerMs); }), EBUSY);  // read, not acked
+  EXPECT_EQ(lab->runtime().now_ns() - t0, kNsPerMs);                 // the caller's deadline
   EXPECT_FALSE(srq->destroyed());
   a.ctx->ack_async_event(*ev);
-  srq->destroy();
+  srq->destroy(lab->runtime().now_ns());
   EXPECT_TRUE(srq->destroyed());
 }
 

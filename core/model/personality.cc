@@ -2,6 +2,8 @@
 // (observed on rxe, kernel 6.1). "(model)" marks a choice the sources do not settle.
 #include "model/personality.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <map>
 
 #include "rdmalab/error.h"
@@ -43,6 +45,7 @@ Personality roce() {
   p.first_qpn = 17;
   p.max_qpn = 0x1ffff;                    // (model) wrap point of the cyclic range
   p.cq_overflow = CqOverflow::kLoseEach;  // vmlab.md: CQ_ERR per lost completion, QP stays RTS
+  p.cq_rounding = CqRounding::kPow2PlusOne;  // rxe_queue.c rxe_queue_init, rxe_cq_from_init
   p.send_port_down_loc_qp_op_err = true;  // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
   p.guid_base = 0x5054001234560000ull;    // (model) rxe derives the GUID from the MAC
   p.caps.local_ca_ack_delay = 15;         // rxe_param.h RXE_LOCAL_CA_ACK_DELAY
@@ -78,6 +81,9 @@ Personality ib(XrcTgtLifetime rule, const std::string& name) {
   p.qpn_policy = QpnPolicy::kIncrement;  // semantics.md E: mlx5 assigns QPNs by increment
   p.first_qpn = 0x100;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model) mlx5: CQ overflow is a CQ error, QPs to ERR
+  // mlx5_ib_create_cq: entries = roundup_pow_of_two(n + 1), ibcq.cqe = entries - 1 (libmlx5
+  // asks for align_queue_size(n + 1) - 1: the same); the ring holds entries (Q11, inference).
+  p.cq_rounding = CqRounding::kPow2PlusOneRing;
   p.guid_base = 0x0002c90300000000ull;    // (model) a Mellanox OUI
   return p;
 }
@@ -89,12 +95,18 @@ Personality iwarp_cxgb4() {
   p.caps.ud = false;                         // iWARP is connected only
   p.caps.err_post = ErrPostPolicy::kRefuse;  // semantics.md C: libcxgb4 returns EINVAL in ERR
   // (model) iw_cxgb4 posts QP_FATAL/QP_REQ_ERR/QP_ACCESS_ERR from its error CQEs, and port events.
-  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR, E::CQ_ERR,
-                   E::PORT_ACTIVE, E::PORT_ERR,   E::DEVICE_FATAL};
+  // SRQ_LIMIT_REACHED: qp.c c4iw_dispatch_srq_limit_reached_event (from c4iw_poll_cq's
+  // simulated notification, cq.c, and the firmware's with T4_SRQ_LIMIT_SUPPORT).
+  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR,   E::CQ_ERR,
+                   E::PORT_ACTIVE, E::PORT_ERR,   E::DEVICE_FATAL,    E::SRQ_LIMIT_REACHED};
   p.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids
   p.first_qpn = 1024;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
   p.iwarp_closing = true;                 // seed 000: SQD == CLOSING, cxgb4 rules
+  // cq.c c4iw_create_cq: ibcq.cqe = roundup(n + 2, 16) - 2 on an IQ of about twice that.
+  p.cq_rounding = CqRounding::kCxgb4;
+  // cm.c process_mpa_reply: MPA_REJECT -> err = -ECONNREFUSED -> connect_reply_upcall(ep, err).
+  p.mpa_reject_status = -ECONNREFUSED;
   p.guid_base = 0x0007430000000000ull;    // (model) a Chelsio OUI
   return p;
 }
@@ -106,11 +118,17 @@ Personality iwarp_siw() {
   p.caps.ud = false;
   p.caps.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send in ERROR
   // semantics.md E (siw triggers).
-  p.caps.raises = {E::QP_FATAL, E::QP_REQ_ERR, E::SQ_DRAINED,  E::CQ_ERR, E::PORT_ACTIVE,
-                   E::PORT_ERR, E::LID_CHANGE, E::DEVICE_FATAL};  // removal -> DEVICE_FATAL (E)
+  // SRQ_LIMIT_REACHED: siw_qp_rx.c siw_rqe_get -> siw_srq_event (armed SRQ below its limit).
+  p.caps.raises = {E::QP_FATAL,   E::QP_REQ_ERR,   E::SQ_DRAINED,
+                   E::CQ_ERR,     E::PORT_ACTIVE,  E::PORT_ERR,
+                   E::LID_CHANGE, E::DEVICE_FATAL,  // removal -> DEVICE_FATAL (E)
+                   E::SRQ_LIMIT_REACHED};
   p.qpn_policy = QpnPolicy::kIncrement;                           // (model)
   p.first_qpn = 1;
   p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full
+  p.cq_rounding = CqRounding::kPow2;      // siw_verbs.c siw_create_cq: roundup_pow_of_two(n)
+  // siw_cm.c siw_proc_mpareply: MPA_RR_FLAG_REJECT -> CONNECT_REPLY with -ECONNRESET.
+  p.mpa_reject_status = -ECONNRESET;
   p.iwarp_closing = true;                 // seed 000, semantics.md F
   p.guid_base = 0x0250560000000000ull;    // (model)
   return p;
@@ -126,6 +144,7 @@ Personality mana() {
   p.qpn_policy = QpnPolicy::kLifo;        // semantics.md E, seed 002: freed QPN to next create
   p.first_qpn = 0x40;                     // (model)
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
+  p.cq_rounding = CqRounding::kExact;     // (model) mana_ib_create_cq never sets ibcq->cqe (Q11)
   p.guid_base = 0x00155d0000000000ull;    // (model) a Microsoft OUI
   return p;
 }
@@ -143,6 +162,32 @@ const std::map<std::string, Personality>& table() {
 }
 
 }  // namespace
+
+CqSize cq_size(const Personality& p, int n) {
+  const auto pow2 = [](int v) {
+    int r = 1;
+    while (r < v) r <<= 1;
+    return r;
+  };
+  switch (p.cq_rounding) {
+    case CqRounding::kExact:
+      return {n, n};
+    case CqRounding::kPow2PlusOne:
+      return {pow2(n + 1) - 1, pow2(n + 1) - 1};  // rxe_queue.h queue_full keeps a slot empty
+    case CqRounding::kPow2PlusOneRing:
+      return {pow2(n + 1) - 1, pow2(n + 1)};
+    case CqRounding::kPow2:
+      return {pow2(n), pow2(n)};  // a slot is free while its VALID flag is clear
+    case CqRounding::kCxgb4: {
+      const int entries = (n + 2 + 15) / 16 * 16;
+      // hwentries = max(64, 2 * entries) (t4_max_iq_size: (model) no cap), less the status
+      // page and the slot that tells full from empty (Q11, inference).
+      const int hwentries = std::max(64, 2 * entries);
+      return {entries - 2, hwentries - 2};
+    }
+  }
+  return {n, n};
+}
 
 const std::vector<std::string>& personality_names() {
   static const std::vector<std::string> names = {"roce",        "ib",        "ib-legacy",

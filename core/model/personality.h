@@ -22,12 +22,30 @@ enum class CqOverflow {
   kErrorQps,  // CQ_ERR once, the CQ is dead, every QP using it goes to ERR (mlx5)
 };
 
+// How ibv_create_cq(n) sizes the CQ: what it reports in cq->cqe and how many completions it
+// holds before it overflows (research kernel-facts.md Q11, Linux 6.1).
+enum class CqRounding {
+  kExact,            // (model) n and n
+  kPow2PlusOne,      // rxe: pow2(n + 1) - 1 reported and held (rxe_queue_init, queue_full)
+  kPow2PlusOneRing,  // mlx5: pow2(n + 1) - 1 reported, a ring of pow2(n + 1) (mlx5_ib_create_cq)
+  kPow2,             // siw: pow2(n) reported and held (siw_create_cq)
+  kCxgb4,            // cxgb4: roundup(n + 2, 16) - 2 reported; the IQ is about twice that
+};
+
+struct CqSize {
+  int cqe = 0;       // ibv_cq->cqe
+  int capacity = 0;  // completions it holds; one more overflows it
+};
+
 struct Personality {
   DeviceCaps caps;  // name is filled per host ("model-ib0")
   QpnPolicy qpn_policy = QpnPolicy::kIncrement;
   uint32_t first_qpn = 0x100;
   uint32_t max_qpn = 0xffffff;
   CqOverflow cq_overflow = CqOverflow::kErrorQps;
+  CqRounding cq_rounding = CqRounding::kExact;
+  // The status of RDMA_CM_EVENT_REJECTED when the peer's MPA reply carries the reject flag.
+  int mpa_reject_status = 0;
   // iWARP: SQD is RDMAC CLOSING; no posts in CLOSING; modify to CLOSING with SQ WRs -> ERR.
   bool iwarp_closing = false;
   // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
@@ -38,5 +56,7 @@ struct Personality {
 // Names in model.h order; throws Error("make_lab", EINVAL) for an unknown name.
 const std::vector<std::string>& personality_names();
 const Personality& personality(const std::string& name);
+// What ibv_create_cq(n) gives on this personality.
+CqSize cq_size(const Personality& p, int n);
 
 }  // namespace rdmalab::model

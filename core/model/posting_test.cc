@@ -236,7 +236,7 @@ TEST(Posting, UsingADestroyedObjectIsEbadf) {
   EXPECT_EQ(err_of([&] { t.qa->post_send(send_wr(1, *t.a.mr)); }), EBADF);
   EXPECT_EQ(err_of([&] { t.qa->modify(QpAttr{}, QP_STATE); }), EBADF);
   EXPECT_EQ(err_of([&] { t.qa->destroy(0); }), EBADF);
-  EXPECT_EQ(err_of([&] { t.a.cq->destroy(); }), 0);
+  EXPECT_EQ(err_of([&] { t.a.cq->destroy(0); }), 0);
   EXPECT_EQ(err_of([&] { t.a.cq->poll(1); }), EBADF);
   EXPECT_EQ(err_of([&] { t.a.pd->dealloc(); }), EBUSY);  // the MR still uses it
   t.a.mr->dereg();
@@ -247,7 +247,7 @@ TEST(Posting, UsingADestroyedObjectIsEbadf) {
 
 TEST(Posting, CqInUseCannotBeDestroyed) {
   Two t("ib");
-  EXPECT_EQ(err_of([&] { t.a.cq->destroy(); }), EBUSY);
+  EXPECT_EQ(err_of([&] { t.a.cq->destroy(0); }), EBUSY);
   EXPECT_FALSE(t.a.cq->destroyed());
 }
 

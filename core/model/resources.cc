@@ -68,8 +68,8 @@ void ModelMr::release(Release why) {
 
 // ---------------------------------------------------------------- CQ
 
-ModelCq::ModelCq(ModelContext& ctx, int cqe)
-    : ModelObject(ctx.env(), ctx.state_of().host, "cq"), ctx_(ctx), cqe_(cqe) {
+ModelCq::ModelCq(ModelContext& ctx, int cqe, int capacity)
+    : ModelObject(ctx.env(), ctx.state_of().host, "cq"), ctx_(ctx), cqe_(cqe), capacity_(capacity) {
   ctx_.dev().cq_table[st_.id] = this;
 }
 
@@ -83,11 +83,20 @@ std::vector<WorkCompletion> ModelCq::poll(int max) {
   return out;
 }
 
-void ModelCq::destroy() {
+// rdma-core ibv_cmd_destroy_cq waits until every async event reported on the CQ was acked.
+void ModelCq::destroy(TimeNs deadline_ns) {
   enter("ibv_destroy_cq");
   if (usecnt > 0) {
     throw Error("ibv_destroy_cq", EBUSY,
                 st_.label + ": " + std::to_string(usecnt) + " QPs/SRQs use it");
+  }
+  const bool acked = env().runtime.wait_until(
+      [this] { return !st_.live() || ctx_.acked(st_.id); }, deadline_ns);
+  st_.check("ibv_destroy_cq");
+  if (!acked) {
+    throw Error("ibv_destroy_cq", EBUSY,
+                st_.label + ": " + std::to_string(ctx_.unacked(st_.id)) +
+                    " async events read and not acked");
   }
   release(Release::kVerb);
 }
@@ -109,7 +118,7 @@ void ModelCq::push(const WorkCompletion& wc, const std::string& qp_label) {
                          {"qp_num", wc.qp_num},
                          {"byte_len", wc.byte_len},
                          {"cq", st_.label}};
-  const bool full = entries_.size() >= static_cast<size_t>(cqe_);
+  const bool full = entries_.size() >= static_cast<size_t>(capacity_);
   if (!overflowed_ && !full) {
     entries_.push_back(wc);
     env().record(st_.host, qp_label, "wc", std::move(data));
@@ -178,13 +187,11 @@ std::optional<RecvWr> ModelSrq::take() {
   return wr;
 }
 
-void ModelSrq::destroy() {
+void ModelSrq::destroy(TimeNs deadline_ns) {
   enter("ibv_destroy_srq");
   if (usecnt > 0) throw Error("ibv_destroy_srq", EBUSY, st_.label + ": QPs attached");
-  // The API gives no deadline; wait a bounded virtual time for acks (kDefaultAckWaitNs).
-  const TimeNs deadline = env().runtime.now_ns() + kDefaultAckWaitNs;
   const bool acked =
-      env().runtime.wait_until([this] { return !st_.live() || ctx_.acked(st_.id); }, deadline);
+      env().runtime.wait_until([this] { return !st_.live() || ctx_.acked(st_.id); }, deadline_ns);
   st_.check("ibv_destroy_srq");
   if (!acked) {
     throw Error("ibv_destroy_srq", EBUSY,

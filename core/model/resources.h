@@ -68,10 +68,10 @@ class ModelMr final : public ModelObject<Mr>, public Owned {
 
 class ModelCq final : public ModelObject<Cq>, public Owned {
  public:
-  ModelCq(ModelContext& ctx, int cqe);
+  ModelCq(ModelContext& ctx, int cqe, int capacity);
   int cqe() const override { return cqe_; }
   std::vector<WorkCompletion> poll(int max) override;
-  void destroy() override;
+  void destroy(TimeNs deadline_ns) override;
 
   Rank rank() const override { return Rank::kCq; }
   uint64_t owned_id() const override { return st_.id; }
@@ -88,7 +88,8 @@ class ModelCq final : public ModelObject<Cq>, public Owned {
 
  private:
   ModelContext& ctx_;
-  int cqe_;
+  int cqe_;       // reported (ibv_cq->cqe)
+  int capacity_;  // held before an overflow (Personality::cq_rounding)
   std::deque<WorkCompletion> entries_;
   bool overflowed_ = false;
 };
@@ -105,7 +106,7 @@ class ModelSrq final : public ModelObject<Srq>, public Owned {
   void arm_limit(uint32_t srq_limit) override;
   uint32_t limit() const override { return limit_; }
   uint32_t outstanding() const override { return static_cast<uint32_t>(wqes_.size()); }
-  void destroy() override;
+  void destroy(TimeNs deadline_ns) override;
 
   Rank rank() const override { return Rank::kSrq; }
   uint64_t owned_id() const override { return st_.id; }

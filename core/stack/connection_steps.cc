@@ -147,7 +147,7 @@ void cm_close(CmEventPump& pump, CmConnection& conn, TimeNs deadline_ns) {
     }
   };
   if (conn.qp && !conn.qp->destroyed()) step([&] { conn.qp->destroy(deadline_ns); });
-  if (conn.cq && !conn.cq->destroyed()) step([&] { conn.cq->destroy(); });
+  if (conn.cq && !conn.cq->destroyed()) step([&] { conn.cq->destroy(deadline_ns); });
   if (conn.id && !conn.id->destroyed()) step([&] { pump.destroy_id(*conn.id, deadline_ns); });
   if (conn.pd && !conn.pd->destroyed()) step([&] { conn.pd->dealloc(); });
   if (first) std::rethrow_exception(first);

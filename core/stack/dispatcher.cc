@@ -342,12 +342,12 @@ void AsyncDispatcher::destroy_qp(Qp& qp, TimeNs deadline_ns) {
 
 void AsyncDispatcher::destroy_srq(Srq& srq, TimeNs deadline_ns) {
   destroy_object(
-      srq, [&srq] { srq.destroy(); }, deadline_ns);
+      srq, [&srq, deadline_ns] { srq.destroy(deadline_ns); }, deadline_ns);
 }
 
 void AsyncDispatcher::destroy_cq(Cq& cq, TimeNs deadline_ns) {
   destroy_object(
-      cq, [&cq] { cq.destroy(); }, deadline_ns);
+      cq, [&cq, deadline_ns] { cq.destroy(deadline_ns); }, deadline_ns);
 }
 
 namespace {

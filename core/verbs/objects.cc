@@ -31,9 +31,6 @@ void destroy_with_acks(EventQueue& q, const void* raw, uint64_t id, const std::s
   }
   q.remove_object(raw, id);
 }
-
-// destroy() of a CQ or SRQ has no deadline in the API: a short one stands in.
-constexpr TimeNs kAckWaitNs = 100 * kNsPerMs;
 }  // namespace
 
 // --- PD
@@ -116,10 +113,10 @@ std::vector<WorkCompletion> VerbsCq::poll(int max) {
   return out;
 }
 
-void VerbsCq::destroy() {
+void VerbsCq::destroy(TimeNs deadline_ns) {
   const void* raw = cq_.get("ibv_destroy_cq");
-  destroy_with_acks(st_->events, raw, id_, "ibv_destroy_cq", label_,
-                    monotonic_now_ns() + kAckWaitNs, [this] { cq_.destroy(); });
+  destroy_with_acks(st_->events, raw, id_, "ibv_destroy_cq", label_, deadline_ns,
+                    [this] { cq_.destroy(); });
   recorded("ibv_destroy_cq");
 }
 
@@ -214,10 +211,10 @@ uint32_t VerbsSrq::outstanding() const {
   throw Error("srq.outstanding", EOPNOTSUPP, "libibverbs does not report SRQ occupancy");
 }
 
-void VerbsSrq::destroy() {
+void VerbsSrq::destroy(TimeNs deadline_ns) {
   const void* raw = srq_.get("ibv_destroy_srq");
-  destroy_with_acks(st_->events, raw, id_, "ibv_destroy_srq", label_,
-                    monotonic_now_ns() + kAckWaitNs, [this] { srq_.destroy(); });
+  destroy_with_acks(st_->events, raw, id_, "ibv_destroy_srq", label_, deadline_ns,
+                    [this] { srq_.destroy(); });
   recorded("ibv_destroy_srq");
 }
 

@@ -123,7 +123,7 @@ class VerbsCq final : public VerbsObject<Cq>, public std::enable_shared_from_thi
   bool destroyed() const override { return !cq_.live(); }
   int cqe() const override { return cq_.get("ibv_cq.cqe")->cqe; }
   std::vector<WorkCompletion> poll(int max) override;
-  void destroy() override;
+  void destroy(TimeNs deadline_ns) override;
   int rank() const override { return 2; }
   void release() noexcept override;
   ibv_cq* get(const std::string& verb) const { return cq_.get(verb); }
@@ -158,7 +158,7 @@ class VerbsSrq final : public VerbsObject<Srq>, public std::enable_shared_from_t
   void arm_limit(uint32_t srq_limit) override;
   uint32_t limit() const override;
   uint32_t outstanding() const override;
-  void destroy() override;
+  void destroy(TimeNs deadline_ns) override;
   int rank() const override { return 1; }
   void release() noexcept override;
   ibv_srq* get(const std::string& verb) const { return srq_.get(verb); }

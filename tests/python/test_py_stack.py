@@ -1,5 +1,7 @@
 """Stack helpers and resource sets through the Python API, with faults and handlers."""
 
+import errno
+
 import pytest
 
 import rdmalab
@@ -111,6 +113,39 @@ def test_dispatcher_delivers_events_and_parks_handler_errors(ib_lab):
         assert d.stats().handler_errors == 1
         d.destroy(pair.a.qp)
     assert pair.a.qp.destroyed
+
+
+@pytest.mark.parametrize("kind", ["qp", "srq", "cq"])
+def test_dispatcher_destroy_passes_the_callers_deadline_down(ib_lab, kind):
+    """Dispatcher.destroy(obj, timeout_ns): where an event of obj was read and not acked
+    (here read by the scenario itself, the dispatcher not started), the backend's
+    ack wait ends at the caller's deadline for a QP, an SRQ and a CQ alike."""
+    lab = ib_lab
+    ctx = lab.host("a").process("p").open_device()
+    pd = ctx.alloc_pd()
+    cq = ctx.create_cq(16)
+    if kind == "qp":
+        obj = ctx.create_qp(pd, "RC", cq=cq)
+        obj.modify(qp_state="INIT", pkey_index=0, port_num=1, qp_access_flags=0)
+        lab.faults.inject_async_event("a", "QP_FATAL", obj.qp_num)
+    elif kind == "srq":
+        obj = ctx.create_srq(pd)
+        lab.faults.inject_async_event("a", "SRQ_ERR", obj.srq_num)
+    else:
+        obj = cq
+        lab.faults.inject_async_event("a", "CQ_ERR", cq.id)
+    ev = ctx.get_async_event(ms(1))
+    assert ev is not None
+    d = Dispatcher(lab, ctx)
+    t0 = lab.now_ns
+    with pytest.raises(rdmalab.Error) as info:
+        d.destroy(obj, timeout_ns=ms(3))
+    assert info.value.errno == errno.EBUSY
+    assert lab.now_ns - t0 == ms(3)
+    assert not obj.destroyed
+    ctx.ack_async_event(ev)
+    d.destroy(obj, timeout_ns=ms(3))
+    assert obj.destroyed
 
 
 def test_xrc_pair_reaches_an_srq(ib_lab):

@@ -82,6 +82,32 @@ def test_destroy_with_an_unacked_event_is_ebusy():
         assert qp.destroyed
 
 
+@pytest.mark.parametrize("kind", ["srq", "cq"])
+def test_srq_and_cq_destroy_honour_the_callers_deadline(kind):
+    """ibv_destroy_srq / ibv_destroy_cq wait for the acks of the events read on the object
+    (rdma-core ibv_cmd_destroy_srq / ibv_cmd_destroy_cq), as ibv_destroy_qp does: the wait
+    ends at the caller's timeout_ns, EBUSY after, never at a fixed second."""
+    with rdmalab.model_lab(seed=1, hosts={"a": "ib"}) as lab:
+        ctx = lab.host("a").process("p").open_device()
+        if kind == "srq":
+            obj = ctx.create_srq(ctx.alloc_pd())
+            lab.faults.inject_async_event("a", "SRQ_ERR", obj.srq_num)
+        else:
+            obj = ctx.create_cq(16)
+            lab.faults.inject_async_event("a", "CQ_ERR", obj.id)
+        ev = ctx.get_async_event(ms(1))
+        assert ev is not None and ev.type == ("SRQ_ERR" if kind == "srq" else "CQ_ERR")
+        t0 = lab.now_ns
+        with pytest.raises(rdmalab.Error) as info:
+            obj.destroy(timeout_ns=ms(5))
+        assert (info.value.verb, info.value.errno) == (f"ibv_destroy_{kind}", errno.EBUSY)
+        assert lab.now_ns - t0 == ms(5)
+        assert not obj.destroyed
+        ctx.ack_async_event(ev)
+        obj.destroy(timeout_ns=0)
+        assert obj.destroyed
+
+
 def test_wrong_argument_types(ctx):
     pd = ctx.alloc_pd()
     with pytest.raises(TypeError):

@@ -19,16 +19,21 @@ class Events:
 
 @pytest.mark.requires(event="CQ_ERR")
 def test_cq_overflow_raises_cq_err(lab):
-    pair = RCPair(lab, cqe=4, max_recv_wr=16, max_send_wr=16)
+    # ibv_create_cq(4) rounds up (b.cq.cqe: 7 on rxe and mlx5, 4 on siw, 14 on cxgb4); the
+    # ring may hold more than that (mlx5 cqe + 1, cxgb4 about twice, at least 62): 2 * cqe + 64
+    # completions overflow every provider's CQ.
+    pair = RCPair(lab, cqe=4, max_recv_wr=256, max_send_wr=256)
     a, b = pair.a, pair.b
+    n = 2 * b.cq.cqe + 64
+    assert b.cq.cqe >= 4 and n <= 256
     got = Events()
     with Dispatcher(lab, b.ctx) as d:
         d.watch(b.cq, got)
-        for _ in range(8):
+        for _ in range(n):
             b.post_recv(length=64)
-        for _ in range(8):
+        for _ in range(n):
             a.post_send(length=64)
-        # b never polls: its 4-entry CQ overflows.
+        # b never polls: its CQ overflows.
         assert d.wait_event(b.cq, "CQ_ERR", timeout_ns=sec(1)), "no CQ_ERR on overflow"
     assert "CQ_ERR" in got.seen
 

@@ -54,7 +54,9 @@ class Cq : public Object {
   virtual int cqe() const = 0;
   // ibv_poll_cq: up to max completions, oldest first; never blocks.
   virtual std::vector<WorkCompletion> poll(int max) = 0;
-  virtual void destroy() = 0;  // ibv_destroy_cq; EBUSY while a QP or SRQ uses it
+  // ibv_destroy_cq; EBUSY while a QP or SRQ uses it. Waits, as rdma-core does, until every
+  // async event read for the CQ was acked; EBUSY where that has not happened by the deadline.
+  virtual void destroy(TimeNs deadline_ns) = 0;
 };
 
 class Srq : public Object {
@@ -65,7 +67,7 @@ class Srq : public Object {
   virtual void arm_limit(uint32_t srq_limit) = 0;  // ibv_modify_srq(IBV_SRQ_LIMIT)
   virtual uint32_t limit() const = 0;
   virtual uint32_t outstanding() const = 0;  // receive WQEs posted and not consumed
-  virtual void destroy() = 0;                // ibv_destroy_srq; waits for acks (see Qp)
+  virtual void destroy(TimeNs deadline_ns) = 0;  // ibv_destroy_srq; waits for acks (see Qp)
 };
 
 class Xrcd : public Object {
