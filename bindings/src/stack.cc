@@ -207,6 +207,7 @@ void bind_drain(py::module_& m) {
       .def_readonly("srq_attached", &DrainReport::srq_attached)
       .def_readonly("last_wqe_reached", &DrainReport::last_wqe_reached)
       .def_readonly("complete", &DrainReport::complete)
+      .def_readonly("cq_overflow", &DrainReport::cq_overflow)
       .def_readonly("elapsed_ns", &DrainReport::elapsed_ns)
       .def_readonly("detail", &DrainReport::detail);
   m.def(

@@ -1,6 +1,7 @@
 #include "stack/drain.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -62,7 +63,7 @@ std::string outstanding_text(const CompletionLedger& ledger, const std::string& 
 // move to ERR. Uses half the time left so that the counting fallback keeps the other half.
 bool await_last_wqe(Runtime& rt, Qp& qp, Traffic& traffic, const std::vector<Cq*>& cqs,
                     AsyncDispatcher* dispatcher, size_t baseline, TimeNs deadline_ns,
-                    std::vector<std::string>& notes) {
+                    const std::function<bool()>& overflowed, std::vector<std::string>& notes) {
   if (dispatcher == nullptr) {
     notes.emplace_back("no dispatcher to deliver QP_LAST_WQE_REACHED: counting");
     return false;
@@ -77,8 +78,12 @@ bool await_last_wqe(Runtime& rt, Qp& qp, Traffic& traffic, const std::vector<Cq*
   const uint64_t id = qp.id();
   const bool got = traffic.poll_until(
       cqs,
-      [&] { return dispatcher->count_events(id, AsyncEventType::QP_LAST_WQE_REACHED) > baseline; },
+      [&] {
+        return overflowed() ||
+               dispatcher->count_events(id, AsyncEventType::QP_LAST_WQE_REACHED) > baseline;
+      },
       event_deadline);
+  if (overflowed()) return false;
   if (!got) notes.emplace_back("no QP_LAST_WQE_REACHED before the wait ended: counting");
   return got;
 }
@@ -151,6 +156,7 @@ void record_end(Traffic& traffic, const Qp& qp, const DrainReport& r) {
           {"order_kept", r.order_kept},
           {"last_wqe_reached", r.last_wqe_reached},
           {"elapsed_ns", r.elapsed_ns},
+          {"cq_overflow", r.cq_overflow},
           {"detail", r.detail}});
 }
 
@@ -174,6 +180,17 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   const size_t last_wqe_baseline =
       dispatcher ? dispatcher->count_events(qp.id(), AsyncEventType::QP_LAST_WQE_REACHED) : 0;
 
+  // A CQ_ERR on either CQ (read by the dispatcher, before or during the drain): completions
+  // were lost (CQ overflow), so what is outstanding may never complete.
+  const auto overflowed_cq = [&]() -> Cq* {
+    if (dispatcher == nullptr) return nullptr;
+    for (Cq* cq : cqs) {
+      if (dispatcher->count_events(cq->id(), AsyncEventType::CQ_ERR) > 0) return cq;
+    }
+    return nullptr;
+  };
+  const std::function<bool()> overflowed = [&] { return overflowed_cq() != nullptr; };
+
   modify_to_err(qp, notes);
   QueueDrain sq{WorkQueue::SQ, qp.qp_type() != QpType::XRC_RECV, std::nullopt};
   QueueDrain rq{WorkQueue::RQ, srq == nullptr && qp.qp_type() != QpType::XRC_SEND, std::nullopt};
@@ -190,13 +207,14 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   bool counting = (sq.used && !sq.marker) || (rq.used && !rq.marker);
   if (srq != nullptr) {
     r.last_wqe_reached =
-        await_last_wqe(rt, qp, traffic, cqs, dispatcher, last_wqe_baseline, deadline_ns, notes);
+        await_last_wqe(rt, qp, traffic, cqs, dispatcher, last_wqe_baseline, deadline_ns,
+                       overflowed, notes);
     counting = counting || !r.last_wqe_reached;
   }
   r.method = counting ? "counting" : "marker";
 
   const auto done = [&] { return queue_done(ledger, label, sq) && queue_done(ledger, label, rq); };
-  traffic.poll_until(cqs, done, deadline_ns);
+  traffic.poll_until(cqs, [&] { return done() || overflowed(); }, deadline_ns);
   // SRQ: reap the completions already generated for this QP (bounded: CQs are finite).
   for (int i = 0; srq != nullptr && i < 1024 && !traffic.poll(recv_cq).empty(); ++i) {
   }
@@ -206,6 +224,10 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   if (rq.marker) markers.push_back(*rq.marker);
   tally(ledger, qp, traffic.completions_since(first_wc), markers, r);
   r.complete = done();
+  if (Cq* cq = overflowed_cq(); cq != nullptr) {
+    r.cq_overflow = cq->label();
+    notes.emplace_back(cq->label() + " overflowed (CQ_ERR): its lost completions never come");
+  }
   if (!r.complete) {
     std::string left = outstanding_text(ledger, label, sq);
     const std::string rq_left = outstanding_text(ledger, label, rq);

@@ -27,6 +27,9 @@ struct DrainReport {
   bool srq_attached = false;
   bool last_wqe_reached = false;
   bool complete = false;  // nothing outstanding on the QP at the end
+  // The CQ whose CQ_ERR the dispatcher read ("cq:4"), "" if none: an overflowed CQ has lost
+  // completions, so the drain stops there instead of waiting out its deadline.
+  std::string cq_overflow;
   TimeNs elapsed_ns = 0;
   std::string detail;  // why a fallback was taken; what is still outstanding
 };
@@ -34,7 +37,8 @@ struct DrainReport {
 // Drains qp, polling send_cq and recv_cq (may be the same CQ) through traffic. srq: the SRQ
 // the QP receives from, if any (the API cannot query it); its QP_LAST_WQE_REACHED is awaited
 // through the dispatcher. Never waits past deadline_ns: an unfinished drain returns
-// complete = false. The caller stops other posters to this QP, as ib_drain_qp requires.
+// complete = false. With a dispatcher, a CQ_ERR on send_cq or recv_cq ends the drain at once
+// (cq_overflow names the CQ). The caller stops other posters to this QP, as ib_drain_qp requires.
 // err_post: what the QP's provider does with a post in ERR (DeviceCaps::err_post); kStrand
 // and kRefuse mean no markers: the drain counts the flushes of what is outstanding.
 DrainReport drain_qp(Runtime& runtime, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq,

@@ -94,6 +94,34 @@ TEST(DrainTest, LostCompletionEndsAtDeadlineNamingTheWr) {
   EXPECT_EQ(ledger.check().unknown_wr_ids, std::vector<uint64_t>{999999});
 }
 
+// A drain whose CQ overflows: the flushes of 100 WRs do not fit a 4-entry CQ (7 on mlx5), the
+// CQ_ERR is read by the dispatcher, and the drain stops there naming the CQ instead of waiting
+// out its deadline for completions that were lost.
+TEST(DrainTest, CqOverflowEndsTheDrainAndIsNamed) {
+  for (const std::string pers : {"ib", "roce"}) {
+    SCOPED_TRACE(pers);
+    TwoHosts lab(pers);
+    lab.a.cq = lab.a.ctx->create_cq(4);
+    auto [qa, qb] = lab.connected_pair();
+    CompletionLedger ledger;
+    Traffic traffic(lab.rt(), ledger);
+    AsyncDispatcher dispatcher(lab.rt(), lab.a.ctx, &lab.history(), "a");
+    dispatcher.start();
+    lab.cut_a_to_b();
+    post_outstanding(lab, traffic, *qa);
+    const TimeNs start = lab.rt().now_ns();
+    const DrainReport r = drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq,
+                                   start + 2 * kNsPerSec, &dispatcher);
+    EXPECT_FALSE(r.complete);
+    EXPECT_EQ(r.cq_overflow, lab.a.cq->label());
+    EXPECT_NE(r.detail.find(lab.a.cq->label() + " overflowed (CQ_ERR)"), std::string::npos)
+        << r.detail;
+    EXPECT_LT(r.elapsed_ns, 10 * kNsPerMs);  // at the CQ_ERR, not at the 2 s deadline
+    EXPECT_GE(dispatcher.count_events(lab.a.cq->id(), AsyncEventType::CQ_ERR), 1u);
+    dispatcher.stop(lab.in(kNsPerSec));
+  }
+}
+
 struct SrqCase {
   std::string personality;
   bool last_wqe_reached;
