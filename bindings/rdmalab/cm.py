@@ -10,7 +10,8 @@ listen, connect and accept, and waits that say where a connection is stuck.
     conn.events                                  # [("ADDR_RESOLVED", 0, t_ns), ...]
 
 The pump (core/stack/connection.h) reads the channel, records every event per id, runs
-handlers one at a time per id and acks every event, so destroy never waits on it. Event and
+handlers one at a time per id and acks every event, so destroy never waits on it, unless a
+scenario leaves events unread (ch.pause_reading()) or unacked (ch.hold_acks(id)). Event and
 state names are the spec's ("DISCONNECTED", "TIMEWAIT"); timeouts are relative ns.
 """
 
@@ -209,6 +210,30 @@ class CmChannel:
 
     def stats(self) -> _core.CmPumpStats:
         return self._pump.stats()
+
+    # -- leaving events unread or unacked (what does rdma_destroy_id do with them?)
+    def pause_reading(self, timeout_ns: int = sec(1)) -> None:
+        """The pump stops reading the channel (rdma_get_cm_event): events stay unread in it
+        until resume_reading(). A channel is one queue, so this holds every id's events.
+        Returns once the pump is out of rdma_get_cm_event (an event it read meanwhile is
+        handled as usual)."""
+        pump = self._pump
+        self._run(lambda: pump.pause_reading(self.lab.now_ns + timeout_ns))
+
+    def resume_reading(self) -> None:
+        self._run(self._pump.resume_reading)
+
+    def hold_acks(self, cm_id: "CmId") -> None:
+        """Events of cm_id read from now on are recorded and handled but not acked
+        (rdma_ack_cm_event), dropped ones too, until release_acks(cm_id)."""
+        self._run(self._pump.hold_acks, unwrap(cm_id))
+
+    def release_acks(self, cm_id: "CmId") -> int:
+        """Acks cm_id's held events and stops holding; returns how many it acked."""
+        return self._run(self._pump.release_acks, cm_id.id)
+
+    def held_acks(self, cm_id: "CmId") -> int:
+        return self._pump.held_acks(cm_id.id)
 
     def close(self, timeout_ns: int = sec(1)) -> None:
         """Destroys every live id (with its QP, CQ and PD), stops the pump and destroys the

@@ -198,6 +198,11 @@ void bind_pump(py::module_& m) {
       .def("next_connect_request", &CmEventPump::next_connect_request, arg("listen_id"),
            arg("deadline_ns"), kRelease)
       .def("destroy_id", &CmEventPump::destroy_id, arg("id"), arg("deadline_ns"), kRelease)
+      .def("pause_reading", &CmEventPump::pause_reading, arg("deadline_ns"), kRelease)
+      .def("resume_reading", &CmEventPump::resume_reading, kRelease)
+      .def("hold_acks", &CmEventPump::hold_acks, arg("id"), kRelease)
+      .def("release_acks", &CmEventPump::release_acks, arg("id_object"), kRelease)
+      .def("held_acks", &CmEventPump::held_acks, arg("id_object"), kRelease)
       .def("stats", &CmEventPump::stats, kRelease);
 }
 

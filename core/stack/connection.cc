@@ -34,6 +34,8 @@ struct Entry {
   uint64_t running_listen_id = 0;  // a CONNECT_REQUEST handler: its listener
   bool in_ready = false;
   bool destroying = false;
+  bool hold_acks = false;       // hold_acks(): read events are not acked
+  std::vector<CmEvent> held;    // read, handled or dropped, not acked
 };
 
 nlohmann::json event_json(const CmEvent& ev) {
@@ -63,13 +65,33 @@ struct CmEventPump::State {
   CmHandler fallback;
   CmPumpStats stats;
   bool stop = false;
+  bool paused = false;   // pause_reading(): the event thread leaves the channel alone
+  bool reading = false;  // the event thread is in rdma_get_cm_event (or routing what it read)
   int live_threads = 0;
 
   void record(const std::string& object, const std::string& kind, nlohmann::json data) {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
   }
 
+  // rdma_ack_cm_event, unless the id's acks are held (hold_acks).
   void ack(const CmEvent& ev) {
+    bool held = false;
+    {
+      std::lock_guard lock(mu);
+      auto it = entries.find(ev.id);
+      if (it != entries.end() && it->second->hold_acks) {
+        it->second->held.push_back(ev);
+        held = true;
+      }
+    }
+    if (held) {
+      record("cm_id:" + std::to_string(ev.id), "cm_ack_held", event_json(ev));
+      return;
+    }
+    ack_now(ev);
+  }
+
+  void ack_now(const CmEvent& ev) {
     try {
       channel->ack_event(ev);
     } catch (const Error& e) {  // channel or id gone: nothing is left to wait for the ack
@@ -179,19 +201,40 @@ void CmEventPump::State::route(const CmEvent& ev) {
 }
 
 void CmEventPump::State::event_loop() {
+  const auto done_reading = [this] {
+    {
+      std::lock_guard lock(mu);
+      reading = false;
+    }
+    runtime.notify_all();
+  };
   while (!runtime.stopping()) {
+    bool is_paused = false;
     {
       std::lock_guard lock(mu);
       if (stop) break;
+      is_paused = paused;
+      reading = !paused;
+    }
+    if (is_paused) {  // pause_reading: the channel's events stay unread
+      runtime.wait_until(
+          [this] {
+            std::lock_guard lock(mu);
+            return stop || !paused;
+          },
+          runtime.now_ns() + kEventPollNs);
+      continue;
     }
     std::optional<CmEvent> ev;
     try {
       ev = channel->get_event(runtime.now_ns() + kEventPollNs);
     } catch (const Error& e) {  // the channel went away (destroyed, process killed, reboot)
       record("", "cm_pump_error", {{"verb", e.verb()}, {"errno", e.err()}});
+      done_reading();
       break;
     }
     if (ev) route(*ev);
+    done_reading();
   }
 }
 
@@ -337,6 +380,65 @@ void CmEventPump::stop(TimeNs deadline_ns) {
     st.ack(ev);
   }
   if (!ended) throw DeadlineExceeded("CmEventPump::stop", "a CM event handler is still running");
+}
+
+void CmEventPump::pause_reading(TimeNs deadline_ns) {
+  State& st = *state_;
+  {
+    std::lock_guard lock(st.mu);
+    st.paused = true;
+  }
+  st.record("", "cm_pump_paused", {{"channel", channel_->label()}});
+  runtime_.notify_all();
+  const bool out = runtime_.wait_until(
+      [&st] {
+        std::lock_guard lock(st.mu);
+        return !st.reading || st.live_threads == 0;
+      },
+      deadline_ns);
+  if (!out) {
+    throw DeadlineExceeded("CmEventPump::pause_reading", "the event thread is still reading");
+  }
+}
+
+void CmEventPump::resume_reading() {
+  {
+    std::lock_guard lock(state_->mu);
+    state_->paused = false;
+  }
+  state_->record("", "cm_pump_resumed", {{"channel", channel_->label()}});
+  runtime_.notify_all();
+}
+
+void CmEventPump::hold_acks(const CmId& id) {
+  const std::string label = id.label();
+  {
+    std::lock_guard lock(state_->mu);
+    state_->entry_locked(id.id(), label)->hold_acks = true;
+  }
+  state_->record(label, "cm_hold_acks", {{"id", id.id()}});
+}
+
+size_t CmEventPump::release_acks(uint64_t id_object) {
+  std::vector<CmEvent> held;
+  {
+    std::lock_guard lock(state_->mu);
+    auto it = state_->entries.find(id_object);
+    if (it == state_->entries.end()) return 0;
+    it->second->hold_acks = false;
+    held.swap(it->second->held);
+  }
+  state_->record("cm_id:" + std::to_string(id_object), "cm_acks_released",
+                 {{"id", id_object}, {"acked", held.size()}});
+  for (const auto& ev : held) state_->ack_now(ev);
+  runtime_.notify_all();
+  return held.size();
+}
+
+size_t CmEventPump::held_acks(uint64_t id_object) const {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->entries.find(id_object);
+  return it == state_->entries.end() ? 0 : it->second->held.size();
 }
 
 void CmEventPump::watch(const CmId& id, CmHandler handler) {

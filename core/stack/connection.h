@@ -9,6 +9,9 @@
 // marks the id destroying, drops its queued events (acked), waits for a running handler and
 // only then calls rdma_destroy_id: no handler runs for an id after destroy_id returns.
 //
+// A scenario may leave events unread (pause_reading) or read and unacked (hold_acks) to test
+// what rdma_destroy_id does with them.
+//
 // CONNECT_REQUEST carries a new id (event.id). Its handler is the new id's, else the
 // listener's (rdma_cm hands the listener's context to the new id), else the default handler;
 // it is queued on the new id, so the new id's later events wait for it. Destroying a listener
@@ -65,6 +68,21 @@ class CmEventPump {
   CmEventChannel& channel() { return *channel_; }
   const std::shared_ptr<CmEventChannel>& channel_ptr() const { return channel_; }
   Runtime& runtime() { return runtime_; }
+
+  // Leaving events unread or unacked, to test what rdma_destroy_id or process exit does with
+  // them (librdmacm: rdma_destroy_id discards the id's unread events and waits for the acks
+  // of those read). pause_reading: the event thread stops calling rdma_get_cm_event on the
+  // channel (a channel is one FIFO: no id can be skipped); returns once the thread is out of
+  // rdma_get_cm_event (an event read meanwhile is handled as usual), DeadlineExceeded if not
+  // by the deadline. resume_reading: it reads again.
+  void pause_reading(TimeNs deadline_ns);
+  void resume_reading();
+  // hold_acks: events of the id read from now on are recorded and handled but not acked
+  // (rdma_ack_cm_event), also when dropped by destroy_id, until release_acks acks them all
+  // and returns how many it acked. held_acks: how many are held now.
+  void hold_acks(const CmId& id);
+  size_t release_acks(uint64_t id_object);
+  size_t held_acks(uint64_t id_object) const;
 
   // The id's events go to handler from now on. Error(EEXIST) if watched, EBADF if destroyed.
   void watch(const CmId& id, CmHandler handler);

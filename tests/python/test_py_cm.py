@@ -279,3 +279,27 @@ def test_watch_counts_without_deciding(ib_lab):
     ib_lab.run_for(ms(50))
     assert seen.hits == 1 and dropped.hits == 1
     assert ib_lab.faults.counts().get("drop") == 1
+
+
+def test_unread_event_is_discarded_by_destroy_id(any_lab):
+    """With the pump paused the peer's DISCONNECTED waits unread in the channel; the model's
+    rdma_destroy_id drops it (ucma_cleanup_ctx_events): a cm_event_dropped record, never a
+    cm_event_read, and no wait for an ack."""
+    lab = any_lab
+    pair = CmPair(lab)
+    server, ch = pair.server.conn, pair.server_channel
+    ch.pause_reading()
+    pair.client.conn.disconnect()
+    lab.run_for(ms(100))
+    label = f"cm_id:{server.id}"
+    assert not [r for r in lab.history() if r["object"] == label and r["kind"] == "cm_event_read"
+                and r["data"]["event"] == "DISCONNECTED"]
+    t0 = lab.now_ns
+    pair.server.close()
+    assert lab.now_ns == t0
+    dropped = [r["data"]["event"] for r in lab.history()
+               if r["object"] == label and r["kind"] == "cm_event_dropped"]
+    assert dropped == ["DISCONNECTED"]
+    ch.resume_reading()
+    lab.run_for(ms(100))
+    assert "DISCONNECTED" not in [e.name for e in server.events]
