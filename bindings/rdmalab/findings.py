@@ -27,6 +27,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 REGISTRY = Path(__file__).resolve().with_name("findings.toml")
+
+
+def release_version(release: str) -> Optional[tuple[int, int]]:
+    """(major, minor) of a kernel release string ("6.1.0-56-amd64" -> (6, 1)), else None."""
+    m = re.match(r"^(\d+)\.(\d+)", release or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 KINDS = ("finding", "unclassified", "provider-fact")
 XFAIL_KINDS = ("finding", "unclassified")  # the device fails the scenario where these apply
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -92,9 +98,19 @@ class Entry:
         """What a lab column is matched against: drivers, then "model:<personality>"."""
         return self.providers + tuple(f"model:{m}" for m in self.models)
 
-    def applies_to(self, key: str) -> bool:
-        """key: a device's driver ("rxe") or "model:<personality>"."""
-        return key in self.keys
+    def applies_to(self, key: str, kernel_release: str = "") -> bool:
+        """key: a device's driver ("rxe") or "model:<personality>"; kernel_release: the
+        device's kernel ("6.1.0-56-amd64"): an entry fixed in an older kernel does not apply."""
+        if key not in self.keys:
+            return False
+        fixed, running = self.fixed_in, release_version(kernel_release)
+        return not (fixed and running and running >= fixed)
+
+    @property
+    def fixed_in(self) -> Optional[tuple[int, int]]:
+        """The mainline version kernels.fixed names ("v6.8: ..."), if any."""
+        m = re.match(r"^v(\d+)\.(\d+)\b", self.kernels.fixed)
+        return (int(m.group(1)), int(m.group(2))) if m else None
 
     def raises_class(self) -> type:
         cls = resolve_exception(self.raises)

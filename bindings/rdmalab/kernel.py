@@ -14,6 +14,8 @@ import time
 from typing import Optional
 
 HZ_CHOICES = (100, 250, 300, 1000)  # kernel/Kconfig.hz
+# The kernel every model personality stands for: the VM lab's (Debian 6.1.0-56, 6.1.192).
+MODEL_KERNEL_RELEASE = "6.1.192"
 _CONFIG_HZ = re.compile(rb"^CONFIG_HZ=(\d+)$", re.M)
 _JIFFIES = re.compile(rb"^jiffies: (\d+)$", re.M)
 _NOW = re.compile(rb"^now at (\d+) nsecs$", re.M)
@@ -44,6 +46,10 @@ def hz_from_timer_list(first: bytes, second: bytes) -> Optional[int]:
         return None
     rate = (j1 - j0) * 1e9 / (n1 - n0)
     return min(HZ_CHOICES, key=lambda hz: abs(hz - rate))
+
+
+def kernel_release() -> str:
+    return os.uname().release
 
 
 @functools.lru_cache(maxsize=None)

@@ -495,8 +495,10 @@ def finding_on(mark, spec, reg: Optional[findings.Registry] = None
     device's driver ("rxe") on agent labs, "model:<personality>" on the model: a model
     personality carries an entry only where the entry names it (one that copies a device)."""
     entry = finding_entry(mark, reg)
-    key = LAB_KINDS[spec.backend].finding_key(spec.caps())
-    return (entry, key) if entry.applies_to(key) else None
+    caps = spec.caps()
+    key = LAB_KINDS[spec.backend].finding_key(caps)
+    release = getattr(caps, "kernel_release", "")  # a fixed kernel no longer diverges
+    return (entry, key) if entry.applies_to(key, release) else None
 
 
 def finding_reason(entry: findings.Entry, key: str, spec) -> str:

@@ -52,16 +52,29 @@ class DeviceCaps:
     reports_qp_state: bool
     local_ca_ack_delay: int
     kernel_hz: int  # the host kernel's CONFIG_HZ (0 = unknown): its timers tick in jiffies
+    # Provider facts (types.h DeviceCaps; findings.toml provider-fact entries).
+    disassociates: bool              # removal raises DEVICE_FATAL (else waits for the user)
+    send_completes_on_handoff: bool  # SEND completes when handed to TCP (siw)
+    connect_is_synchronous: bool     # rdma_connect does the TCP connect (siw)
+    iw_close_timeout_s: int          # iWARP close: 0 = at once (siw); else cxgb4's ep timer
+    tcp_syn_retries: int             # the host's net.ipv4.tcp_syn_retries
     raises: tuple[str, ...]
+    # The kernel the device runs under (uname -r on a device; the personality's on the model):
+    # a finding fixed in a later kernel does not apply to it (findings.toml kernels.fixed).
+    kernel_release: str = ""
 
     @classmethod
     def from_core(cls, c: _core.DeviceCaps) -> "DeviceCaps":
-        fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)}
+        fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)
+                  if f.name != "kernel_release"}
         for key in ("transport", "err_post", "xrc_tgt_lifetime"):
             fields[key] = name(fields[key])
         fields["raises"] = tuple(name(t) for t in c.raises)
         if not fields["kernel_hz"]:  # a device: the kernel this process runs on (the host's)
             fields["kernel_hz"] = kernel.kernel_hz()
+            fields["kernel_release"] = kernel.kernel_release()
+        else:
+            fields["kernel_release"] = kernel.MODEL_KERNEL_RELEASE
         return cls(**fields)
 
     def raises_event(self, event) -> Optional[bool]:

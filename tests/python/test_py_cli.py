@@ -149,6 +149,28 @@ def test_finding_marker_applies_to_its_device_only():
     copied = pytest.mark.finding("g").mark                      # a personality copying it
     assert finding_on(copied, ModelSpec("model"), registry)[1] == "model:iwarp-siw"
     assert finding_on(pytest.mark.finding("h").mark, Spec("vm"), registry) is None
+    # An entry fixed in v6.8 applies to a 6.1 kernel, not to a 6.8 or later one.
+    fixed = findings.parse(entry("k", "siw").replace(
+        'reproduces = ["6.1"]', 'reproduces = ["6.1"], fixed = "v6.8: \\"a fix\\""'))
+
+    class OldCaps(Caps):
+        kernel_release = "6.1.0-56-amd64"
+
+    class NewCaps(Caps):
+        kernel_release = "6.8.0-1-amd64"
+
+    class KernelSpec(Spec):
+        def __init__(self, caps):
+            super().__init__("vm")
+            self._caps = caps
+
+        def caps(self):
+            return self._caps
+
+    assert fixed.entries["k"].fixed_in == (6, 8)
+    assert finding_on(pytest.mark.finding("k").mark, KernelSpec(OldCaps()), fixed) is not None
+    assert finding_on(pytest.mark.finding("k").mark, KernelSpec(NewCaps()), fixed) is None
+    assert finding_on(pytest.mark.finding("k").mark, Spec("vm"), fixed) is not None  # unknown
     with pytest.raises(pytest.UsageError, match="old form"):
         finding_on(pytest.mark.finding("siw", "f", "text").mark, Spec("vm"), registry)
     with pytest.raises(pytest.UsageError, match="no finding 'nope'"):
