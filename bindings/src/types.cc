@@ -91,6 +91,11 @@ void bind_device_structs(py::module_& m) {
       .def_readwrite("reports_qp_state", &DeviceCaps::reports_qp_state)
       .def_readwrite("local_ca_ack_delay", &DeviceCaps::local_ca_ack_delay)
       .def_readwrite("kernel_hz", &DeviceCaps::kernel_hz)
+      .def_readwrite("disassociates", &DeviceCaps::disassociates)
+      .def_readwrite("send_completes_on_handoff", &DeviceCaps::send_completes_on_handoff)
+      .def_readwrite("connect_is_synchronous", &DeviceCaps::connect_is_synchronous)
+      .def_readwrite("iw_close_timeout_s", &DeviceCaps::iw_close_timeout_s)
+      .def_readwrite("tcp_syn_retries", &DeviceCaps::tcp_syn_retries)
       .def_readwrite("raises", &DeviceCaps::raises)
       .def("raises_event", &DeviceCaps::raises_event, py::arg("type"));
 }

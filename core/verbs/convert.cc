@@ -1,7 +1,12 @@
 #include "verbs/convert.h"
 
-#include <arpa/inet.h>
+#include <algorithm>
+#include <iterator>
 
+#include <arpa/inet.h>
+#include <sys/utsname.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "rdmalab/error.h"
@@ -343,6 +348,15 @@ Transport transport_of(ibv_node_type node_type, uint8_t link_layer) {
   return Transport::IB;
 }
 
+// The running kernel's release is at least major.minor (uname(2); "6.1.0-56-amd64").
+static bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  if (uname(&u) != 0) return false;
+  int ma = 0, mi = 0;
+  if (std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
+
 DeviceCaps caps_from(const DeviceFacts& f) {
   const ibv_device_attr& a = f.attr.orig_attr;
   DeviceCaps c;
@@ -371,7 +385,18 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   if (f.driver == "siw") c.err_post = ErrPostPolicy::kStrand;
   c.xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
   c.retry_cnt_7_infinite = f.driver == "rxe";
-  c.reports_qp_state = f.driver != "siw";  // siw_verbs.c siw_query_qp, Linux 6.1
+  // siw_verbs.c siw_query_qp sets no qp_state before v6.8 ("RDMA/siw: Set qp_state in
+  // siw_query_qp"; findings.toml siw-query-qp-reports-no-state).
+  c.reports_qp_state = f.driver != "siw" || kernel_at_least(6, 8);
+  // uverbs disassociation: drivers with .disassociate_ucontext (6.1.192: mlx4, mlx5, hns,
+  // irdma; 7.2 adds mana, bnxt_re, erdma, ionic). The others' removal waits for the users.
+  static const char* const kDisassociate[] = {"mlx4", "mlx5", "hns", "irdma",
+                                              "mana", "bnxt_re", "erdma", "ionic"};
+  c.disassociates = std::find(std::begin(kDisassociate), std::end(kDisassociate), f.driver) !=
+                    std::end(kDisassociate);
+  c.send_completes_on_handoff = f.driver == "siw";  // siw_qp_tx.c siw_qp_sq_process
+  c.connect_is_synchronous = f.driver == "siw";     // siw_cm.c siw_connect, blocking connect
+  if (f.driver == "cxgb4") c.iw_close_timeout_s = 60;  // cm.c ep_timeout_secs
   c.raises = documented_events(f.driver);
   return c;
 }

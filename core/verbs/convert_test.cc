@@ -205,6 +205,34 @@ TEST(Convert, TransportFromNodeTypeAndLinkLayer) {
   EXPECT_EQ(transport_of(IBV_NODE_RNIC, IBV_LINK_LAYER_ETHERNET), Transport::iWARP);
 }
 
+// Provider facts per driver (findings.toml provider-fact entries): what the model's
+// personality for each driver predicts.
+TEST(Convert, ProviderFactsPerDriver) {
+  DeviceFacts f;
+  f.node_type = IBV_NODE_CA;
+  f.port1_link_layer = IBV_LINK_LAYER_ETHERNET;
+  auto caps_of = [&](const char* driver, ibv_node_type type) {
+    f.driver = driver;
+    f.node_type = type;
+    return caps_from(f);
+  };
+  const DeviceCaps rxe = caps_of("rxe", IBV_NODE_CA);
+  EXPECT_FALSE(rxe.disassociates);  // no disassociate_ucontext: removal waits for users
+  EXPECT_FALSE(rxe.send_completes_on_handoff);
+  EXPECT_FALSE(rxe.connect_is_synchronous);
+  const DeviceCaps mlx5 = caps_of("mlx5", IBV_NODE_CA);
+  EXPECT_TRUE(mlx5.disassociates);
+  const DeviceCaps siw = caps_of("siw", IBV_NODE_RNIC);
+  EXPECT_FALSE(siw.disassociates);
+  EXPECT_TRUE(siw.send_completes_on_handoff);
+  EXPECT_TRUE(siw.connect_is_synchronous);
+  EXPECT_EQ(siw.iw_close_timeout_s, 0);
+  const DeviceCaps cxgb4 = caps_of("cxgb4", IBV_NODE_RNIC);
+  EXPECT_FALSE(cxgb4.disassociates);
+  EXPECT_FALSE(cxgb4.connect_is_synchronous);
+  EXPECT_EQ(cxgb4.iw_close_timeout_s, 60);
+}
+
 TEST(Convert, CapsFromDeviceAttr) {
   DeviceFacts f;
   f.name = "rxe0";

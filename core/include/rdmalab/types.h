@@ -166,6 +166,25 @@ struct DeviceCaps {
   // The host kernel's CONFIG_HZ: its timers (CM MAD timeouts, TIMEWAIT) run on jiffy ticks and
   // the timer wheel's buckets (rdmalab/kernel_timer.h). 0 = unknown.
   uint16_t kernel_hz = 0;
+  // Provider facts no specification settles (bindings/rdmalab/findings.toml, kind
+  // provider-fact); the model's personality predicts each, scenarios assert it per device.
+  // Removal (rdma link delete, unbind) disassociates user contexts and raises DEVICE_FATAL only
+  // where the driver has disassociate_ucontext (uverbs_main.c ib_uverbs_remove_one); otherwise
+  // it waits until every user closes the device, and raises nothing.
+  bool disassociates = true;
+  // A SEND/WRITE completes once handed to the transport (siw: local delivery to TCP,
+  // siw_qp_tx.c), not when the peer acknowledged it.
+  bool send_completes_on_handoff = false;
+  // rdma_connect does the TCP connect itself (siw_cm.c siw_connect, blocking): a refused or
+  // unanswered connect fails the call (ECONNREFUSED / ETIMEDOUT), no event.
+  bool connect_is_synchronous = false;
+  // iWARP graceful close (rdma_disconnect): 0 = the closer gets DISCONNECTED(0) at once (siw
+  // releases its socket); else the endpoint timer, in s, after which an unanswered close ends
+  // in DISCONNECTED(-ETIMEDOUT) and an abort (cxgb4 ep_timeout_secs 60).
+  uint16_t iw_close_timeout_s = 0;
+  // net.ipv4.tcp_syn_retries of the host (TCP_SYN_RETRIES 6): a connect that gets no SYN-ACK
+  // gives up after (2^(n+1) - 1) s (TCP_TIMEOUT_INIT 1 s, doubling; 6.1 tcp_write_timeout).
+  uint8_t tcp_syn_retries = 6;
   // Async events the provider is known to raise; empty means unknown (real devices).
   std::vector<AsyncEventType> raises;
   bool raises_event(AsyncEventType t) const;
