@@ -20,7 +20,7 @@ import random
 from typing import Callable, Iterable, Optional
 
 from . import _core
-from .errors import FaultNotSupported, as_fault
+from .errors import FaultNotSupported, Hung, as_fault
 from .names import parse
 
 # IBTA CM MAD attribute IDs (semantics.md A).
@@ -41,11 +41,16 @@ RDMAP_OPCODES = {"RDMA_WRITE": 0x0, "RDMA_READ_REQUEST": 0x1, "RDMA_READ_RESPONS
 # The switch's reorder hold when a rule gives none (faults/rules.h).
 REORDER_HOLD_NS = 100_000_000
 
-_FIN, _RST, _ACK = TCP_FLAGS["FIN"], TCP_FLAGS["RST"], TCP_FLAGS["ACK"]
+_FIN, _RST, _ACK, _SYN = TCP_FLAGS["FIN"], TCP_FLAGS["RST"], TCP_FLAGS["ACK"], TCP_FLAGS["SYN"]
 # The flags of the iWARP CM's TCP packets. A RST is RST|ACK (Linux tcp_send_active_reset);
-# the model folds the handshake into MPA_REQUEST and sets no PSH, URG, ECE or CWR.
+# the model sends the handshake (TCP_SYN, TCP_SYN_ACK) only where rdma_connect does the TCP
+# connect itself (caps.connect_is_synchronous: siw), else folds it into MPA_REQUEST; it sets no
+# PSH, URG, ECE or CWR.
 _CM_TCP_FLAGS = {"TCP_FIN": _FIN | _ACK, "TCP_RST": _RST | _ACK, "TCP_ACK": _ACK,
+                 "TCP_SYN": _SYN, "TCP_SYN_ACK": _SYN | _ACK,
                  "MPA_REQUEST": _ACK, "MPA_REPLY": _ACK}
+# opcode="TCP_SYN" is any segment with SYN set (faults/rules.cc), the SYN-ACK too.
+_OPCODE_ALIASES = {"TCP_SYN": ("TCP_SYN", "TCP_SYN_ACK")}
 # The model's iWARP data packets as the RDMAP messages they stand for; an immediate-data packet
 # counts as the write or send it carries (RFC 7306 sends the immediate as a message of its own,
 # which the model folds in).
@@ -179,7 +184,9 @@ class PacketRule:
     def matches(self, p: _core.Packet) -> bool:
         if self.count is not None and self.hits >= self.count:
             return False
-        if any(getattr(p, k) != v for k, v in self.fields.items()):
+        if any(getattr(p, k) != v and not (k == "opcode" and getattr(p, k) in
+                                           _OPCODE_ALIASES.get(v, ()))
+               for k, v in self.fields.items()):
             return False
         if self.direction is not None:
             pair = (p.src_host, p.dst_host)
@@ -328,13 +335,25 @@ class Faults:
         as_fault("device_fatal", self._o.device_fatal, _host_name(host))
 
     def rdma_link_delete(self, host) -> None:
-        raise FaultNotSupported("rdma_link_delete", "the model's devices stay listed: it has "
-                                "device_fatal (DEVICE_FATAL, the device dead) but no removal "
-                                "from the device list and no rdma_link_add")
+        """`rdma link delete` (ib_uverbs_remove_one): with caps.disassociates every user
+        context gets DEVICE_FATAL and the removal completes; without, nothing is raised and it
+        stays pending until every context on the device is closed. Unlisted at once."""
+        as_fault("rdma_link_delete", self._o.rdma_link_delete, _host_name(host))
 
-    def rdma_link_add(self, host) -> None:
-        raise FaultNotSupported("rdma_link_add", "the model's devices are never removed (see "
-                                "rdma_link_delete)")
+    def rdma_link_add(self, host, deadline_s: float = 30.0) -> None:
+        """`rdma link add`, once the removal has finished: Hung if it still blocks after
+        deadline_s (virtual) because a user context on the device is still open, as the agent
+        lab's."""
+        name = _host_name(host)
+        if self._o.rdma_link_removal_pending(name):
+            try:
+                self._lab.wait_until(lambda: not self._o.rdma_link_removal_pending(name),
+                                     int(deadline_s * 1e9), f"rdma link delete on {name}")
+            except Hung as e:
+                raise Hung(f"{name}: rdma link delete", f"rdma link delete on {name} still "
+                           f"blocks after {deadline_s} s: a user context on it is still "
+                           "open") from e
+        self._o.rdma_link_add(name)
 
     def reboot(self, host, down_ns: int) -> None:
         """The host loses all state at once (processes, QPs, CM state, timers) and is back

@@ -69,3 +69,17 @@ def kernel_hz() -> int:
         if hz:
             return hz
     return 0
+
+
+TCP_SYN_RETRIES_DEFAULT = 6  # include/net/tcp.h TCP_SYN_RETRIES
+
+
+@functools.lru_cache(maxsize=None)
+def tcp_syn_retries() -> int:
+    """net.ipv4.tcp_syn_retries of this host (/proc/sys/net/ipv4/tcp_syn_retries); the
+    kernel's default where it cannot be read."""
+    text = _read("/proc/sys/net/ipv4/tcp_syn_retries")
+    try:
+        return int(text.strip()) if text else TCP_SYN_RETRIES_DEFAULT
+    except ValueError:
+        return TCP_SYN_RETRIES_DEFAULT

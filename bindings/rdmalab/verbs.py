@@ -73,6 +73,7 @@ class DeviceCaps:
         if not fields["kernel_hz"]:  # a device: the kernel this process runs on (the host's)
             fields["kernel_hz"] = kernel.kernel_hz()
             fields["kernel_release"] = kernel.kernel_release()
+            fields["tcp_syn_retries"] = kernel.tcp_syn_retries()  # the sysctl, read always
         else:
             fields["kernel_release"] = kernel.MODEL_KERNEL_RELEASE
         return cls(**fields)

@@ -198,6 +198,10 @@ void bind_model_lab(py::module_& m) {
            arg("number"), arg("driver_delay_ns") = 0, kRelease)
       .def("set_port_state", &ModelLab::set_port_state, arg("host"), arg("up"), kRelease)
       .def("device_fatal", &ModelLab::device_fatal, arg("host"), kRelease)
+      .def("rdma_link_delete", &ModelLab::rdma_link_delete, arg("host"), kRelease)
+      .def("rdma_link_removal_pending", &ModelLab::rdma_link_removal_pending, arg("host"),
+           kRelease)
+      .def("rdma_link_add", &ModelLab::rdma_link_add, arg("host"), kRelease)
       .def("reboot", &ModelLab::reboot, arg("host"), arg("down_ns"), kRelease)
       .def("fault_counts", &ModelLab::fault_counts, kRelease)
       .def("dump_state", &ModelLab::dump_state, kRelease);

@@ -214,11 +214,11 @@ TEST(Classifier, AttachedModelLabCountsItsFaultsAndChainsTheObserver) {
   const size_t before = seen_before;
   lab->set_port_state("a", false);
   lab->run_for(kNsPerMs);
-  lab->device_fatal("b");
+  lab->rdma_link_delete("b");
   lab->run_for(kNsPerMs);
   EXPECT_GT(seen_before, before);
   EXPECT_EQ(sample(*m, "rdmalab_faults_total", {{"device", "ib"}, {"kind", "port_down"}}), 1);
-  EXPECT_EQ(sample(*m, "rdmalab_faults_total", {{"device", "iwarp-siw"}, {"kind", "device_fatal"}}),
+  EXPECT_EQ(sample(*m, "rdmalab_faults_total", {{"device", "iwarp-siw"}, {"kind", "rdma_link_delete"}}),
             1);
   EXPECT_EQ(sample(*m, "rdmalab_async_events_total", {{"device", "ib"}, {"event", "PORT_ERR"}}), 1);
   lab->shutdown();

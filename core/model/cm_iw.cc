@@ -90,12 +90,17 @@ void IwCm::send(Ep& ep, IwWire w) {
   transmit(ep.remote_host, std::move(w), label(ep.id));
 }
 
-void IwCm::arm(Ep& ep) {
+void IwCm::arm(Ep& ep, TimeNs timeout_ns) {
   env_.runtime.cancel(ep.timer);
   const uint32_t id = ep.id;
   const uint64_t epoch = epoch_;
   ep.timer =
-      env_.runtime.schedule_after(kIwTimeoutNs, [this, id, epoch] { on_timeout(id, epoch); });
+      env_.runtime.schedule_after(timeout_ns, [this, id, epoch] { on_timeout(id, epoch); });
+}
+
+// cxgb4 c4iw_ep_disconnect: start_ep_timer, jiffies + ep_timeout_secs * HZ (Q5).
+void IwCm::arm_close(Ep& ep) {
+  arm(ep, static_cast<TimeNs>(dev_.caps.iw_close_timeout_s) * kNsPerSec);
 }
 
 // The provider gives up: an MPA request never answered, or a close never finished.
@@ -113,14 +118,17 @@ void IwCm::on_timeout(uint32_t id, uint64_t epoch) {
     upcall(*ep, ev);
     return maybe_free(id);
   }
+  // cxgb4 process_timeout, CLOSING/MORIBUND: QP to ERROR, close_complete_upcall(ep,
+  // -ETIMEDOUT), then c4iw_ep_disconnect(ep, 1): an abort (RST) the peer sees (Q5).
   send(*ep, wire("TCP_RST"));
-  closed(*ep, true);
+  closed(*ep, false, -ETIMEDOUT);
 }
 
 void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
   env_.record(dev_.host, "iw_cm", "cm_recv",
               {{"msg", w.kind}, {"src", src_host}, {"src_ep", w.src_ep}, {"dst_ep", w.dst_ep}});
   if (w.kind == "MPA_REQUEST") return on_mpa_request(w, src_host);
+  if (w.kind == "TCP_SYN") return on_syn(w, src_host);
   Ep* ep = find(w.dst_ep);
   if (w.dst_ep == 0) {  // an abort from a side that never learnt our endpoint
     for (auto& [id, e] : eps_) {
@@ -131,6 +139,10 @@ void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
       (ep->remote_ep != 0 && ep->remote_ep != w.src_ep)) {
     env_.record(dev_.host, "iw_cm", "cm_unexpected",
                 {{"msg", w.kind}, {"why", "no such endpoint"}});
+    return;
+  }
+  if (w.kind == "TCP_SYN_ACK") {
+    if (ep->tcp_result == 1) ep->tcp_result = 0;
     return;
   }
   if (w.kind == "MPA_REPLY") return on_mpa_reply(*ep, w);
@@ -205,6 +217,16 @@ void IwCm::process(Ep& ep, const IwCmEvent& ev) {
   }
 }
 
+// A SYN: the listening socket answers SYN-ACK, a port with no listener RST (tcp_v4_send_reset).
+void IwCm::on_syn(const IwWire& w, const std::string& src_host) {
+  auto lit = listeners_.find(w.port);
+  Ep* listener = lit == listeners_.end() ? nullptr : find(lit->second);
+  const bool listening = listener != nullptr && listener->state == IwCmState::LISTEN;
+  IwWire r = wire(listening ? "TCP_SYN_ACK" : "TCP_RST");
+  r.dst_ep = w.src_ep;
+  transmit(src_host, std::move(r), "iw_cm");
+}
+
 void IwCm::on_mpa_request(const IwWire& w, const std::string& src_host) {
   auto lit = listeners_.find(w.port);
   Ep* listener = lit == listeners_.end() ? nullptr : find(lit->second);
@@ -262,26 +284,39 @@ void IwCm::on_fin(Ep& ep) {
   if (ep.fin_sent) {  // their FIN acknowledges ours
     ep.fin_acked = true;
     send(ep, wire("TCP_ACK"));
-    return closed(ep, false);
+    return closed(ep, false, 0);
   }
-  qp_to(ep, false);
   IwCmEvent ev;
   ev.type = IwCmEventType::DISCONNECT;
+  if (dev_.caps.iw_close_timeout_s == 0) {
+    // siw SIW_CM_WORK_PEER_CLOSE (Q5): DISCONNECT and CLOSE(0) at once; the release path's
+    // siw_qp_llp_close moves the QP to ERROR; the released socket sends its FIN.
+    upcall(ep, ev);
+    ep.fin_sent = true;
+    send(ep, wire("TCP_FIN"));
+    return closed(ep, false, 0);
+  }
+  qp_to(ep, false);
   upcall(ep, ev);
   ep.fin_sent = true;
   send(ep, wire("TCP_FIN"));
-  arm(ep);
+  arm_close(ep);
 }
 
 void IwCm::on_ack(Ep& ep) {
   if (!ep.connected || !ep.fin_sent) return;
   ep.fin_acked = true;
-  if (ep.fin_rcvd) closed(ep, false);
+  if (ep.fin_rcvd) closed(ep, false, 0);
 }
 
 void IwCm::on_rst(Ep& ep) {
   env_.runtime.cancel(ep.timer);
   ep.timer = 0;
+  if (ep.tcp_result == 1 && !ep.connected && ep.state == IwCmState::CONN_SENT &&
+      dev_.caps.connect_is_synchronous) {
+    ep.tcp_result = -ECONNREFUSED;  // the SYN met no listener: the connect() fails
+    return;
+  }
   if (!ep.connected) {  // our MPA request met no listener
     if (ep.state != IwCmState::CONN_SENT && ep.state != IwCmState::DESTROYING) return;
     IwCmEvent ev;
@@ -290,7 +325,7 @@ void IwCm::on_rst(Ep& ep) {
     upcall(ep, ev);
     return maybe_free(ep.id);
   }
-  closed(ep, true);
+  closed(ep, true, -ECONNRESET);
 }
 
 // The connection is made: the QP gets its peer from it and goes to RTS.
@@ -308,19 +343,43 @@ void IwCm::qp_to(Ep& ep, bool error) {
   if (ep.qp->state == QpState::RTS) ep.qp->set_state(QpState::SQD, "iw_cm: graceful close");
 }
 
-// The endpoint is down: the provider moves the QP to ERR, then CLOSE (cxgb4: status
-// -ECONNRESET on an abort, as peer_abort_upcall reports it).
-void IwCm::closed(Ep& ep, bool abort) {
+// The endpoint is down: the provider moves the QP to ERR, then CLOSE with status (cxgb4:
+// -ECONNRESET on an abort, as peer_abort_upcall reports it; -ETIMEDOUT from the ep timer).
+void IwCm::closed(Ep& ep, bool abort, int status) {
   env_.runtime.cancel(ep.timer);
   ep.timer = 0;
   ep.connected = false;
   qp_to(ep, true);
-  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", abort}});
+  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", abort}, {"status", status}});
   IwCmEvent ev;
   ev.type = IwCmEventType::CLOSE;
-  ev.status = abort ? -ECONNRESET : 0;
+  ev.status = status;
   upcall(ep, ev);
   maybe_free(ep.id);
+}
+
+// siw_qp_cm_drop(qp, 0) in RDMA_MODE (Q5): IW_CM_EVENT_CLOSE(0) now, then
+// siw_destroy_cep_sock; TCP retransmits the FIN of the orphaned socket on its own and siw
+// hears nothing more. The QP stays CLOSING until the user moves it to ERROR.
+void IwCm::released(Ep& ep) {
+  env_.runtime.cancel(ep.timer);
+  ep.timer = 0;
+  ep.connected = false;
+  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", false}, {"status", 0},
+                                                      {"released", true}});
+  IwCmEvent ev;
+  ev.type = IwCmEventType::CLOSE;
+  upcall(ep, ev);
+  maybe_free(ep.id);
+}
+
+void IwCm::terminated(QpCore* qp) {
+  for (auto& [id, ep] : eps_) {
+    if (ep->qp.get() == qp && ep->connected) {
+      env_.record(dev_.host, label(id), "iw_terminate", {{"qpn", qp->qpn}});
+      return closed(*ep, false, 0);
+    }
+  }
 }
 
 // A destroyed id stays until its endpoint is down (the provider still answers FINs).
@@ -372,6 +431,20 @@ void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCo
   ep.remote_host = dst_host;
   ep.port = port;
   set_state(ep, IwCmState::CONN_SENT);
+  if (dev_.caps.connect_is_synchronous) {
+    const int rv = tcp_connect(id);
+    Ep* again = find(id);
+    if (rv != 0) {  // iw_cm_connect fails: IDLE; cma_connect_iw destroys the iw id
+      if (again) {
+        again->qp.reset();
+        set_state(*again, IwCmState::IDLE);
+      }
+      throw Error("iw_cm_connect", -rv, rv == -ETIMEDOUT
+                                            ? "no SYN-ACK after the SYN retries (tcp_write_timeout)"
+                                            : "the peer answered the SYN with RST");
+    }
+    if (!again) throw Error("iw_cm_connect", ECONNABORTED, "the id went during the connect");
+  }
   IwWire w = wire("MPA_REQUEST");
   w.port = port;
   w.qpn = qp ? qp->qpn : 0;
@@ -379,6 +452,38 @@ void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCo
   w.private_data = private_data;
   send(ep, std::move(w));
   arm(ep);
+}
+
+// 6.1 tcp_write_timeout: SYN at 0 and retransmissions after TCP_TIMEOUT_INIT (1 s) doubling;
+// after tcp_syn_retries retransmissions and the last RTO the connect fails with ETIMEDOUT:
+// (2^(n+1) - 1) s, 127 s at 6 (Q6). The caller blocks (no O_NONBLOCK, no sk_sndtimeo).
+int IwCm::tcp_connect(uint32_t id) {
+  Ep* ep = find(id);
+  ep->tcp_result = 1;
+  TimeNs rto = kNsPerSec;
+  for (int attempt = 0;; ++attempt) {
+    IwWire syn = wire("TCP_SYN");
+    syn.port = ep->port;
+    send(*ep, std::move(syn));
+    env_.runtime.wait_until(
+        [this, id] {
+          Ep* e = find(id);
+          return e == nullptr || e->tcp_result != 1;
+        },
+        env_.runtime.now_ns() + rto);
+    ep = find(id);
+    if (ep == nullptr) return -ECONNABORTED;
+    if (ep->tcp_result != 1) break;
+    if (attempt >= dev_.caps.tcp_syn_retries) {
+      ep->tcp_result = -ETIMEDOUT;
+      break;
+    }
+    env_.record(dev_.host, label(id), "cm_retry", {{"msg", "TCP_SYN"}, {"attempt", attempt + 1}});
+    rto *= 2;
+  }
+  const int rv = ep->tcp_result;
+  ep->tcp_result = 1;
+  return rv;
 }
 
 void IwCm::accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_data) {
@@ -429,12 +534,13 @@ void IwCm::disconnect(uint32_t id, bool abrupt) {
   if (!ep.connected) return;
   if (abrupt) {
     send(ep, wire("TCP_RST"));
-    return closed(ep, true);
+    return closed(ep, true, -ECONNRESET);
   }
   if (ep.fin_sent) return;
   ep.fin_sent = true;
   send(ep, wire("TCP_FIN"));
-  arm(ep);
+  if (dev_.caps.iw_close_timeout_s == 0) return released(ep);
+  arm_close(ep);
 }
 
 // iw_destroy_cm_id: DESTROYING at once, queued events dropped, never waits.

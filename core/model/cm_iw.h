@@ -52,8 +52,9 @@ struct IwWire {
   std::vector<uint8_t> private_data;
 };
 
-// (model) How long an unanswered MPA request or an unfinished close waits before the provider
-// gives up (iw_cxgb4's ep_timeout_secs default of 60 s; siw's MPA timeout is shorter).
+// (model) How long an unanswered MPA request waits before the provider gives up (iw_cxgb4's
+// ep_timeout_secs default of 60 s; siw's MPA timeout is shorter). A close waits
+// caps.iw_close_timeout_s (0: not at all, siw).
 inline constexpr TimeNs kIwTimeoutNs = 60 * kNsPerSec;
 
 class IwCm {
@@ -79,6 +80,8 @@ class IwCm {
   IwCmState state(uint32_t id) const;
   size_t queued_events(uint32_t id) const;
   void on_wire(const IwWire& w, const std::string& src_host);
+  // The QP's connection ended with a TERMINATE: the provider drops it, CLOSE(0) (Q7c).
+  void terminated(QpCore* qp);
   void reset();  // reboot: every endpoint gone, nothing sent
   std::string dump() const;
 
@@ -99,6 +102,8 @@ class IwCm {
     bool fin_sent = false;
     bool fin_acked = false;
     bool fin_rcvd = false;
+    // caps.connect_is_synchronous: the TCP handshake inside iw_cm_connect (0: under way).
+    int tcp_result = 1;  // 1 = none, 0 = established, else -errno
     uint64_t timer = 0;
     std::deque<IwCmEvent> work;  // work_list
     bool work_scheduled = false;
@@ -109,7 +114,12 @@ class IwCm {
   void set_state(Ep& ep, IwCmState to);
   void send(Ep& ep, IwWire w);
   void transmit(const std::string& dst_host, IwWire w, const std::string& object);
-  void arm(Ep& ep);
+  void arm(Ep& ep, TimeNs timeout_ns = kIwTimeoutNs);
+  void arm_close(Ep& ep);
+  // siw_connect's blocking kernel_bindconnect: SYN, retransmitted on TCP's doubling RTO, until
+  // a SYN-ACK (0), an RST (-ECONNREFUSED) or tcp_syn_retries retransmissions (-ETIMEDOUT).
+  int tcp_connect(uint32_t id);
+  void on_syn(const IwWire& w, const std::string& src_host);
   void on_timeout(uint32_t id, uint64_t epoch);
   // provider side
   void upcall(Ep& ep, IwCmEvent ev);           // cm_event_handler: append to the work list
@@ -122,7 +132,8 @@ class IwCm {
   void on_rst(Ep& ep);
   void establish_qp(Ep& ep);
   void qp_to(Ep& ep, bool error);   // CLOSING (SQD) or ERR
-  void closed(Ep& ep, bool abort);  // the endpoint is down: QP ERR, CLOSE upcall
+  void closed(Ep& ep, bool abort, int status);  // the endpoint is down: QP ERR, CLOSE upcall
+  void released(Ep& ep);  // siw: CLOSE(0) at once, the socket released, the QP left CLOSING
   void drop_work(Ep& ep);
   void maybe_free(uint32_t id);
   std::string label(uint32_t id) const { return "iw_cm:" + std::to_string(id); }

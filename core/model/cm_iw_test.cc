@@ -62,10 +62,18 @@ TEST_P(IwPers, ConnectSendAndDisconnect) {
   client.id->disconnect();
   EXPECT_EQ(client.id->protocol_state(), "CLOSING");
   EXPECT_EQ(cq->state(), QpState::SQD);                  // graceful: SQD is the RDMAC CLOSING state
-  client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);  // their FIN, our ACK
-  EXPECT_EQ(cq->state(), QpState::ERR);
-  server.expect(E::DISCONNECTED, 0, t1 + 3 * kLatency);  // our ACK of its FIN
+  const bool siw = GetParam() == "iwarp-siw";
+  if (siw) {  // siw_qp_cm_drop(qp, 0): CLOSE(0) at once, the QP left in CLOSING (Q5)
+    client.expect(E::DISCONNECTED, 0, t1);
+    EXPECT_EQ(cq->state(), QpState::SQD);
+  } else {
+    client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);  // their FIN, our ACK
+    EXPECT_EQ(cq->state(), QpState::ERR);
+  }
+  // siw PEER_CLOSE: DISCONNECT and CLOSE when the FIN arrives; cxgb4: our ACK of its FIN.
+  server.expect(E::DISCONNECTED, 0, t1 + (siw ? 1 : 3) * kLatency);
   EXPECT_EQ(sq->state(), QpState::ERR);
+  lab->run_for(kNsPerMs);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_FIN"), 2u);
   EXPECT_EQ(client.id->protocol_state(), "IDLE");
   EXPECT_TRUE(client.quiet(10 * kNsPerSec));  // no TIMEWAIT_EXIT on iWARP
@@ -77,13 +85,50 @@ TEST_P(IwPers, ConnectSendAndDisconnect) {
 INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
 
 TEST(IwCm, NoListenerIsRefused) {
-  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd client = CmEnd::on(*lab, "b");
   client.start_connect("a", 4242);
   const TimeNs t0 = lab->runtime().now_ns();
   client.expect(E::REJECTED, -ECONNREFUSED, t0 + 2 * kLatency);
   EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
+}
+
+// siw_connect's blocking connect (Q6): the SYN meets RST, rdma_connect fails ECONNREFUSED
+// in the call, no event; the id is back in ROUTE_RESOLVED.
+TEST(IwCm, SiwConnectToNoListenerFailsInTheCall) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd client = CmEnd::on(*lab, "b");
+  EXPECT_EQ(err_of([&] { client.start_connect("a", 4242); }), ECONNREFUSED);
+  EXPECT_EQ(client.id->protocol_state(), "IDLE");  // the iw id was destroyed
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_SYN"), 1u);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
+  EXPECT_TRUE(client.quiet(kNsPerSec));
+}
+
+// Every SYN lost: the caller blocks through tcp_syn_retries retransmissions on the doubling
+// RTO, (2^(6+1) - 1) s = 127 s, and rdma_connect fails ETIMEDOUT (6.1 tcp_write_timeout).
+TEST(IwCm, SiwConnectWithEverySynLostTimesOutAfter127s) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  lab->set_packet_hook(drop_opcode("TCP_SYN"));
+  TimeNs t0 = 0;
+  const int err = err_of([&] {
+    client.id = client.ch->create_id();
+    client.id->resolve_addr("a", kPort, kNsPerSec);
+    client.next();
+    client.id->resolve_route(kNsPerSec);
+    client.next();
+    client.make_qp(*client.id);
+    t0 = lab->runtime().now_ns();
+    client.id->connect(ConnParam{});
+  });
+  EXPECT_EQ(err, ETIMEDOUT);
+  EXPECT_EQ(lab->runtime().now_ns() - t0, 127 * kNsPerSec);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_SYN"), 7u);
+  EXPECT_TRUE(server.quiet(kNsPerSec));
 }
 
 // An MPA reject is REJECTED with the provider's status: cxgb4's process_mpa_reply sets
@@ -116,8 +161,8 @@ TEST(IwCm, NoAnswerIsUnreachable) {
   EXPECT_TRUE(server.quiet(kNsPerSec));
 }
 
-// A lost FIN: the closing side gives up after the provider timeout and resets the connection;
-// both sides get DISCONNECTED (status -ECONNRESET, cxgb4's peer_abort_upcall).
+// A lost FIN on cxgb4: the closing side's ep timer (60 s) fires: QP ERR, DISCONNECTED
+// (-ETIMEDOUT, process_timeout), then an abort the peer sees as -ECONNRESET (peer_abort).
 TEST(IwCm, LostFinEndsInAReset) {
   auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd server = CmEnd::on(*lab, "a");
@@ -130,9 +175,56 @@ TEST(IwCm, LostFinEndsInAReset) {
   lab->set_packet_hook(drop_opcode("TCP_FIN", 1));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
-  client.expect(E::DISCONNECTED, -ECONNRESET, t1 + kIwTimeoutNs, 2 * kIwTimeoutNs);
-  server.expect(E::DISCONNECTED, -ECONNRESET, t1 + kIwTimeoutNs + kLatency);
+  client.expect(E::DISCONNECTED, -ETIMEDOUT, t1 + 60 * kNsPerSec, 2 * kIwTimeoutNs);
+  EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
+  server.expect(E::DISCONNECTED, -ECONNRESET, t1 + 60 * kNsPerSec + kLatency);
   EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
+}
+
+// A lost FIN on siw: the closer has DISCONNECTED(0) at once and its QP stays CLOSING; the
+// peer hears nothing (Q5).
+TEST(IwCm, SiwLostFinClosesAtOnceAndLeavesThePeerHalfOpen) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  lab->set_packet_hook(drop_opcode("TCP_FIN"));
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.id->disconnect();
+  client.expect(E::DISCONNECTED, 0, t1);
+  EXPECT_EQ(client.id->qp()->state(), QpState::SQD);
+  EXPECT_TRUE(server.quiet(2 * kIwTimeoutNs));
+  EXPECT_EQ(server.id->qp()->state(), QpState::RTS);
+}
+
+// siw_proc_send with no RQE (Q7c): the responder TERMINATEs; both QPs ERR, both ids
+// DISCONNECTED(0); the sender's SEND completed SUCCESS when handed to TCP (Q4).
+TEST(IwCm, SiwSendWithoutReceiveTerminatesBothSides) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.id->qp()->post_send(send_wr(1, *cmr));
+  server.expect(E::DISCONNECTED, 0, t1 + kLatency);
+  client.expect(E::DISCONNECTED, 0, t1 + 2 * kLatency);
+  EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
+  EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
+  auto wcs = wait_wcs(*lab, *client.cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(count_records(*lab, "qp_state", "why", "responder: no receive buffer (iWARP has no RNR)"),
+            1u);
+  EXPECT_EQ(count_records(*lab, "qp_state", "why", "TERMINATE received (REM_OP_ERR)"), 1u);
 }
 
 // seed 000: a graceful close of an iWARP QP with send WRs outstanding is ERR, not CLOSING.
@@ -145,7 +237,8 @@ TEST(IwCm, GracefulCloseWithSqWorkIsError) {
   server.accept_next();
   EXPECT_EQ(client.next().event, E::ESTABLISHED);
   auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
-  client.id->qp()->post_send(send_wr(1, *cmr));  // no receive posted: RNR, stays outstanding
+  lab->set_packet_hook(drop_opcode("SEND_ONLY"));  // the SEND is never acknowledged
+  client.id->qp()->post_send(send_wr(1, *cmr));
   lab->run_for(kNsPerMs);
   client.id->disconnect();
   EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
@@ -155,7 +248,7 @@ TEST(IwCm, GracefulCloseWithSqWorkIsError) {
 // Destroy while the peer's DISCONNECT is still on the id's work list: the event is dropped
 // (IWCM_F_DROP_EVENTS), destroy does not wait, nothing reaches the channel after it.
 TEST(IwCm, DestroyWithQueuedEventsDropsThem) {
-  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();

@@ -49,7 +49,15 @@ void ModelCmId::iw_qp_rtr() {
 void ModelCmId::iw_connect() {
   iw_qp_rtr();
   iw_id_ = iw().create_id(iw_handler());
-  iw().connect(iw_id_, dst_host_, port_, core_of(qp_), param_.private_data);
+  try {
+    iw().connect(iw_id_, dst_host_, port_, core_of(qp_), param_.private_data);
+  } catch (const Error& e) {
+    // cma_connect_iw: iw_destroy_cm_id; rdma_connect_locked: back to ROUTE_RESOLVED (Q6).
+    iw().destroy_id(iw_id_);
+    iw_id_ = 0;
+    set_state(RdmaCmState::ROUTE_RESOLVED);
+    throw Error("rdma_connect", e.err(), e.detail());
+  }
 }
 
 void ModelCmId::iw_accept() {

@@ -46,11 +46,15 @@ Gid ModelContext::query_gid(uint8_t port_num, int index) const {
 PortState ModelContext::query_port(uint8_t port_num) const {
   st_.check("ibv_query_port");
   if (port_num != 1) throw Error("ibv_query_port", EINVAL, "no port " + std::to_string(port_num));
-  return dev_.port_up && !dev_.fatal ? PortState::ACTIVE : PortState::DOWN;
+  return dev_.port_up && !dead() ? PortState::ACTIVE : PortState::DOWN;
+}
+
+bool ModelContext::dead() const {
+  return dev_.fatal || disassociated_;
 }
 
 void ModelContext::check_alive_device(const std::string& verb) const {
-  if (dev_.fatal) throw Error(verb, EIO, "device fatal");
+  if (dead()) throw Error(verb, EIO, disassociated_ ? "context disassociated" : "device fatal");
 }
 
 template <class T>
@@ -305,6 +309,7 @@ void ModelContext::release_all(Release why) {
   cs.erase(std::remove(cs.begin(), cs.end(), this), cs.end());
   st_.end(why, "ibv_close_device");
   proc_.context_closed(this);
+  dev_.context_closed();
 }
 
 void ModelContext::close() {

@@ -51,11 +51,15 @@ class ModelContext final : public ModelObject<Context>,
   void release_all(Release why);
   std::vector<std::shared_ptr<Owned>> owned() const { return objects_; }
   void drop_owned(uint64_t id);  // an object ended by its own verb
+  // Device removal with disassociate_ucontext: every later verb fails with EIO.
+  void disassociate() { disassociated_ = true; }
+  bool dead() const;  // the device is fatal or this context was disassociated
   std::string dump() const;
 
  private:
   template <class T>
   std::shared_ptr<T> adopt(std::shared_ptr<T> obj);
+  bool disassociated_ = false;
   void check_alive_device(const std::string& verb) const;
 
   Device& dev_;

@@ -171,6 +171,37 @@ void Device::make_fatal() {
   raise(AsyncEventType::DEVICE_FATAL, 0);
 }
 
+void Device::remove() {
+  if (caps.disassociates) {
+    for (ModelContext* ctx : contexts) ctx->disassociate();
+    env.record(host, "device", "device_disassociate", {{"contexts", contexts.size()}});
+    make_fatal();  // ib_uverbs_free_hw_resources: RDMA_REMOVE_DRIVER_REMOVE -> DEVICE_FATAL
+    removal = Removal::kRemoved;
+    env.record(host, "device", "device_removed", {{"device", caps.name}});
+    return;
+  }
+  removal = Removal::kPending;
+  env.record(host, "device", "device_removal_pending",
+             {{"device", caps.name}, {"contexts", contexts.size()}});
+  context_closed();
+}
+
+void Device::context_closed() {
+  if (removal != Removal::kPending || !contexts.empty()) return;
+  removal = Removal::kRemoved;  // wait_for_completion(&uverbs_dev->comp) returns
+  fatal = true;                 // (model) the device is gone: no packets, no verbs
+  env.record(host, "device", "device_removed", {{"device", caps.name}});
+}
+
+// The disassociated contexts stay dead (ModelContext::disassociated); the new device serves
+// new ones. (model) The QPN allocator and tables carry on.
+void Device::add_back() {
+  removal = Removal::kNone;
+  fatal = false;
+  port_up = true;
+  env.record(host, "device", "device_added", {{"device", caps.name}});
+}
+
 Device* Device::resolve(const AhAttr& ah) const {
   const bool by_gid = ah.dgid != Gid{};
   for (const auto& [name, dev] : env.devices) {

@@ -40,6 +40,10 @@ class Device {
   bool port_up = true;
   bool fatal = false;
   bool host_down = false;  // ModelLab::reboot: the fabric drops packets to and from it
+  // rdma link delete (ModelLab::rdma_link_delete): kPending while open user contexts block it
+  // (a provider without disassociate_ucontext), kRemoved once it is done; unlisted meanwhile.
+  enum class Removal { kNone, kPending, kRemoved };
+  Removal removal = Removal::kNone;
 
   // The host's CM (one device per host): the IB CM on IB/RoCE, the iWARP CM on iWARP.
   std::unique_ptr<IbCm> ib_cm;
@@ -69,6 +73,12 @@ class Device {
   // --- faults
   void set_port(bool up);
   void make_fatal();
+  // uverbs_main.c ib_uverbs_remove_one (Q3): with disassociate_ucontext every user context is
+  // disassociated (DEVICE_FATAL on its async fd, QPs dead) and the removal completes; without,
+  // nothing is raised and it waits until every context on the device is closed.
+  void remove();
+  void context_closed();  // a context went: a pending removal may complete
+  void add_back();        // rdma link add: a fresh device with the same name and GUID
   // Reboot, once every process is gone: the tables and allocators start again (the QPN
   // allocator at its first QPN), pending EQEs go; node GUID, GID and LID stay.
   void reset_after_reboot();

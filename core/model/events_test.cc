@@ -366,3 +366,54 @@ TEST(Events, EventReadAndAckAreRecorded) {
 
 }  // namespace
 }  // namespace rdmalab::model
+
+namespace rdmalab::model {
+namespace {
+
+// rdma link delete on mlx5 (disassociate_ucontext, Q3): DEVICE_FATAL to the user context, its
+// QPs dead, the removal done at once; the context stays dead after rdma link add.
+TEST(Removal, DisassociatingDeviceRaisesDeviceFatalAndCompletes) {
+  Two t("ib");
+  ASSERT_TRUE(t.a.ctx->caps().disassociates);
+  t.lab->rdma_link_delete("a");
+  EXPECT_TRUE(t.lab->host("a")->device_names().empty());
+  EXPECT_FALSE(t.lab->rdma_link_removal_pending("a"));
+  EXPECT_EQ(types_of(read_events(*t.lab, *t.a.ctx)), (std::vector<E>{E::DEVICE_FATAL}));
+  EXPECT_EQ(t.qa->state(), QpState::ERR);
+  EXPECT_EQ(err_of([&] { t.lab->host("a")->create_process("late")->open_device(""); }), ENODEV);
+  t.lab->rdma_link_add("a");
+  EXPECT_EQ(t.lab->host("a")->device_names().size(), 1u);
+  EXPECT_EQ(err_of([&] { t.a.ctx->alloc_pd(); }), EIO);  // disassociated for good
+  EXPECT_NO_THROW(t.lab->host("a")->create_process("new")->open_device("")->alloc_pd());
+}
+
+// rdma link delete on rxe (no disassociate_ucontext, Q3): nothing raised, the removal waits
+// (wait_for_completion) until the last context on the device closes; add fails meanwhile.
+TEST(Removal, NonDisassociatingDeviceWaitsForTheLastContext) {
+  Two t("roce");
+  ASSERT_FALSE(t.a.ctx->caps().disassociates);
+  t.lab->rdma_link_delete("a");
+  EXPECT_TRUE(t.lab->rdma_link_removal_pending("a"));
+  EXPECT_TRUE(t.lab->host("a")->device_names().empty());
+  t.lab->run_for(kNsPerSec);
+  EXPECT_TRUE(read_events(*t.lab, *t.a.ctx).empty());
+  EXPECT_EQ(t.qa->state(), QpState::RTS);
+  EXPECT_EQ(err_of([&] { t.lab->rdma_link_add("a"); }), EBUSY);
+  EXPECT_EQ(err_of([&] { t.lab->rdma_link_delete("a"); }), EBUSY);
+  t.a.ctx->close();
+  EXPECT_FALSE(t.lab->rdma_link_removal_pending("a"));
+  t.lab->rdma_link_add("a");
+  EXPECT_EQ(t.lab->host("a")->device_names().size(), 1u);
+  EXPECT_EQ(err_of([&] { t.lab->rdma_link_add("a"); }), ENODEV);
+}
+
+TEST(Removal, SiwAndCxgb4CannotRaiseDeviceFatal) {
+  for (const char* p : {"iwarp-siw", "iwarp-cxgb4", "roce", "mana"}) {
+    Two t(p);
+    EXPECT_FALSE(t.a.ctx->caps().disassociates) << p;
+    EXPECT_EQ(err_of([&] { t.lab->device_fatal("a"); }), EOPNOTSUPP) << p;
+  }
+}
+
+}  // namespace
+}  // namespace rdmalab::model

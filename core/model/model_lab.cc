@@ -161,6 +161,29 @@ void ModelLabImpl::device_fatal(const std::string& host) {
   d.make_fatal();
 }
 
+void ModelLabImpl::rdma_link_delete(const std::string& host) {
+  Device& d = device_of("rdma_link_delete", host);
+  if (d.removal != Device::Removal::kNone)
+    throw Error("rdma_link_delete", EBUSY, host + ": its device is already being removed");
+  env_->fault(host, "device", "rdma_link_delete", {{"disassociates", d.caps.disassociates}});
+  d.remove();
+}
+
+bool ModelLabImpl::rdma_link_removal_pending(const std::string& host) const {
+  return device_of("rdma_link_removal_pending", host).removal == Device::Removal::kPending;
+}
+
+void ModelLabImpl::rdma_link_add(const std::string& host) {
+  Device& d = device_of("rdma_link_add", host);
+  if (d.removal == Device::Removal::kNone)
+    throw Error("rdma_link_add", ENODEV, host + ": no device of it was deleted");
+  if (d.removal == Device::Removal::kPending)
+    throw Error("rdma_link_add", EBUSY, host + ": rdma link delete still blocks: a user context "
+                                        "on it is still open");
+  env_->fault(host, "device", "rdma_link_add");
+  d.add_back();
+}
+
 // A host crash: everything on it goes at once with nothing sent (no DREQ, no FIN), packets
 // to it are lost while it is down, and it comes back with the same GUID, GID and first QPN.
 void ModelLabImpl::reboot(const std::string& host, TimeNs down_ns) {

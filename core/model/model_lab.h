@@ -35,6 +35,9 @@ class ModelLabImpl final : public ModelLab {
                           TimeNs driver_delay_ns) override;
   void set_port_state(const std::string& host, bool up) override;
   void device_fatal(const std::string& host) override;
+  void rdma_link_delete(const std::string& host) override;
+  bool rdma_link_removal_pending(const std::string& host) const override;
+  void rdma_link_add(const std::string& host) override;
   void reboot(const std::string& host, TimeNs down_ns) override;
   std::map<std::string, uint64_t> fault_counts() const override { return env_->fault_counts; }
   std::string dump_state() const override;

@@ -30,6 +30,8 @@ DeviceCaps base_caps(const std::string& name, Transport t) {
   // The kernel every personality runs under: Debian's amd64 config (CONFIG_HZ_250), the kernel
   // of the VM lab; its CM timers round on the timer wheel (rdmalab/kernel_timer.h).
   c.kernel_hz = 250;
+  // include/net/tcp.h TCP_SYN_RETRIES 6, tcp_ipv4.c sysctl_tcp_syn_retries (6.1 and 7.2).
+  c.tcp_syn_retries = 6;
   return c;
 }
 
@@ -49,6 +51,9 @@ Personality roce() {
   p.send_port_down_loc_qp_op_err = true;  // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
   p.guid_base = 0x5054001234560000ull;    // (model) rxe derives the GUID from the MAC
   p.caps.local_ca_ack_delay = 15;         // rxe_param.h RXE_LOCAL_CA_ACK_DELAY
+  // rxe sets no .disassociate_ucontext (6.1, 7.2): uverbs_main.c ib_uverbs_remove_one waits
+  // in wait_for_completion until every user closes the device, and raises nothing (Q3).
+  p.caps.disassociates = false;
   return p;
 }
 
@@ -85,6 +90,9 @@ Personality ib(XrcTgtLifetime rule, const std::string& name) {
   // asks for align_queue_size(n + 1) - 1: the same); the ring holds entries (Q11, inference).
   p.cq_rounding = CqRounding::kPow2PlusOneRing;
   p.guid_base = 0x0002c90300000000ull;    // (model) a Mellanox OUI
+  // mlx5 main.c:3715 (6.1) .disassociate_ucontext: ib_uverbs_remove_one ->
+  // ib_uverbs_free_hw_resources, RDMA_REMOVE_DRIVER_REMOVE queues DEVICE_FATAL (Q3).
+  p.caps.disassociates = true;
   return p;
 }
 
@@ -97,8 +105,14 @@ Personality iwarp_cxgb4() {
   // (model) iw_cxgb4 posts QP_FATAL/QP_REQ_ERR/QP_ACCESS_ERR from its error CQEs, and port events.
   // SRQ_LIMIT_REACHED: qp.c c4iw_dispatch_srq_limit_reached_event (from c4iw_poll_cq's
   // simulated notification, cq.c, and the firmware's with T4_SRQ_LIMIT_SUPPORT).
-  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR,   E::CQ_ERR,
-                   E::PORT_ACTIVE, E::PORT_ERR,   E::DEVICE_FATAL,    E::SRQ_LIMIT_REACHED};
+  // No DEVICE_FATAL: only uverbs disassociation raises it, and cxgb4 has no
+  // .disassociate_ucontext (Q3).
+  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR, E::CQ_ERR,
+                   E::PORT_ACTIVE, E::PORT_ERR,   E::SRQ_LIMIT_REACHED};
+  p.caps.disassociates = false;  // no .disassociate_ucontext in 6.1 or 7.2 (Q3)
+  // cm.c:111 ep_timeout_secs = 60: c4iw_ep_disconnect starts the ep timer; process_timeout in
+  // CLOSING/MORIBUND: QP to ERROR, close_complete_upcall(ep, -ETIMEDOUT), then an abort (Q5).
+  p.caps.iw_close_timeout_s = 60;
   p.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids
   p.first_qpn = 1024;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
@@ -119,10 +133,19 @@ Personality iwarp_siw() {
   p.caps.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send in ERROR
   // semantics.md E (siw triggers).
   // SRQ_LIMIT_REACHED: siw_qp_rx.c siw_rqe_get -> siw_srq_event (armed SRQ below its limit).
-  p.caps.raises = {E::QP_FATAL,   E::QP_REQ_ERR,   E::SQ_DRAINED,
-                   E::CQ_ERR,     E::PORT_ACTIVE,  E::PORT_ERR,
-                   E::LID_CHANGE, E::DEVICE_FATAL,  // removal -> DEVICE_FATAL (E)
-                   E::SRQ_LIMIT_REACHED};
+  // No DEVICE_FATAL: only uverbs disassociation raises it, and siw has no
+  // .disassociate_ucontext (Q3).
+  p.caps.raises = {E::QP_FATAL, E::QP_REQ_ERR,  E::SQ_DRAINED, E::CQ_ERR,
+                   E::PORT_ACTIVE, E::PORT_ERR, E::LID_CHANGE, E::SRQ_LIMIT_REACHED};
+  p.caps.disassociates = false;  // no .disassociate_ucontext in 6.1 or 7.2 (Q3)
+  // siw_qp_tx.c siw_qp_sq_process: a signalled SEND/WRITE completes once its last FPDU is
+  // accepted by the local TCP socket, not when acknowledged (Q4).
+  p.caps.send_completes_on_handoff = true;
+  // siw_cm.c siw_connect: a blocking kernel_bindconnect in the caller's rdma_connect; a refused
+  // or unanswered TCP connect fails the call (ECONNREFUSED / ETIMEDOUT), no event (Q6).
+  p.caps.connect_is_synchronous = true;
+  // siw_cm.c siw_qp_cm_drop(qp, 0): IW_CM_EVENT_CLOSE(0) at once, the socket released (Q5).
+  p.caps.iw_close_timeout_s = 0;
   p.qpn_policy = QpnPolicy::kIncrement;                           // (model)
   p.first_qpn = 1;
   p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full
@@ -141,6 +164,8 @@ Personality mana() {
   p.caps.srq = false;  // (model) mana_ib has no SRQ: create_srq EOPNOTSUPP
   p.caps.err_post = ErrPostPolicy::kFlush;
   p.caps.raises = {E::QP_FATAL};          // semantics.md E: mana_ib_event_handler, QP_FATAL only
+  // 6.1.192 mana has no .disassociate_ucontext (7.2 has, device.c:38); the model is 6.1 (Q3).
+  p.caps.disassociates = false;
   p.qpn_policy = QpnPolicy::kLifo;        // semantics.md E, seed 002: freed QPN to next create
   p.first_qpn = 0x40;                     // (model)
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)

@@ -24,6 +24,8 @@ std::shared_ptr<Context> ModelProcess::open_device(const std::string& device_nam
     throw Error("ibv_open_device", ENODEV, "no device '" + device_name + "' on " + host_.name());
   }
   env_.enter_verb(host_.name(), "ibv_open_device", label());
+  if (dev.removal != Device::Removal::kNone)  // its uverbs cdev is gone (ib_uverbs_remove_one)
+    throw Error("ibv_open_device", ENODEV, "'" + dev.caps.name + "' was removed");
   if (dev.fatal) throw Error("ibv_open_device", EIO, "device fatal");
   auto ctx = std::make_shared<ModelContext>(dev, *this);
   dev.contexts.push_back(ctx.get());

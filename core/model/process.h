@@ -58,7 +58,11 @@ class ModelHost final : public Host {
  public:
   ModelHost(Env& env, Fabric& fabric, std::string name, const Personality& p, int index);
   const std::string& name() const override { return name_; }
-  std::vector<std::string> device_names() const override { return {device_->caps.name}; }
+  // A device being removed is listed no more (its uverbs cdev goes first).
+  std::vector<std::string> device_names() const override {
+    if (device_->removal != Device::Removal::kNone) return {};
+    return {device_->caps.name};
+  }
   DeviceCaps device_caps(const std::string& device_name) const override;
   std::shared_ptr<Process> create_process(const std::string& name) override;
   std::vector<std::shared_ptr<Process>> processes() const override;

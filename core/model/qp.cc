@@ -114,7 +114,9 @@ void QpCore::set_state(QpState to, const std::string& why) {
   const QpState from = state;
   if (from == to) return;
   // seed 000: an iWARP QP moved to CLOSING with SQ WRs outstanding goes to ERROR instead.
-  if (to == QpState::SQD && dev.pers.iwarp_closing && !sq_.empty()) {
+  // On a handoff device (siw) a WR handed to TCP is done: tx_wqe idle, an orderly CLOSING.
+  if (to == QpState::SQD && dev.pers.iwarp_closing &&
+      std::any_of(sq_.begin(), sq_.end(), [](const SendWqe& w) { return !w.reported; })) {
     to = QpState::ERR;
   }
   state = to;
@@ -220,6 +222,7 @@ void QpCore::flush_now() {
 // ---------------------------------------------------------------- completions
 
 void QpCore::complete_send(const SendWqe& w, WcStatus status, uint32_t byte_len) {
+  if (w.reported) return;  // completed when handed to the transport (siw)
   if (status == WcStatus::SUCCESS && !w.signaled) return;  // unsignaled: no CQE
   if (send_cq == nullptr) return;
   WorkCompletion wc;
@@ -396,7 +399,7 @@ ModelQp::ModelQp(ModelContext& ctx, std::shared_ptr<QpCore> core, bool open_hand
 
 void ModelQp::check_device(const std::string& verb) const {
   if (core_->destroyed) throw Error(verb, EBADF, st_.label + ": the real QP is destroyed");
-  if (core_->dev.fatal) throw Error(verb, EIO, st_.label + ": device fatal");
+  if (ctx_.dead()) throw Error(verb, EIO, st_.label + ": device fatal");
 }
 
 void ModelQp::modify(const QpAttr& attr, uint32_t attr_mask) {

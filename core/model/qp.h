@@ -28,6 +28,9 @@ struct SendWqe {
   bool psn_assigned = false;
   uint32_t psn = 0;
   bool sent = false;                    // on the wire, waiting for ACK or response
+  // caps.send_completes_on_handoff: completed SUCCESS once handed to the transport; kept for
+  // retransmission, never completed again (not by its ACK, an error or a flush).
+  bool reported = false;
   std::optional<WcStatus> local_error;  // found at processing; completes when it is the head
 };
 
@@ -54,6 +57,8 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   // and connect reply), before the provider moves it to RTS.
   void bind_peer(const Gid& dgid, uint32_t dest_qpn, uint32_t sq_psn, uint32_t rq_psn);
   void complete_send(const SendWqe& w, WcStatus status, uint32_t byte_len = 0);
+  // iWARP: the connection ends with a TERMINATE (sent or received): QP to ERR, the CM told.
+  void terminate(const std::string& why);
   void complete_recv(ModelCq* cq, const RecvWr& wr, WcStatus status, uint32_t byte_len,
                      const Frame* f);
 

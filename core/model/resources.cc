@@ -160,7 +160,7 @@ ModelSrq::ModelSrq(ModelContext& ctx, ModelPd& pd, const SrqInitAttr& attr, uint
 
 void ModelSrq::post_recv(const RecvWr& wr) {
   enter("ibv_post_srq_recv");
-  if (ctx_.dev().fatal) throw Error("ibv_post_srq_recv", EIO, "device fatal");
+  if (ctx_.dead()) throw Error("ibv_post_srq_recv", EIO, "device fatal");
   if (wr.sg_list.size() > max_sge_) throw Error("ibv_post_srq_recv", EINVAL, "too many SGEs");
   if (wqes_.size() >= max_wr_) throw Error("ibv_post_srq_recv", ENOMEM, st_.label + ": SRQ full");
   wqes_.push_back(wr);

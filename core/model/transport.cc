@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 
+#include "model/cm_iw.h"
 #include "model/device.h"
 #include "model/qp.h"
 
@@ -161,6 +162,17 @@ void QpCore::advance_head() {
     sq_.pop_front();
     complete_send(w, WcStatus::SUCCESS, static_cast<uint32_t>(sge_total(w.wr.sg_list)));
   }
+  // siw_qp_tx.c siw_qp_sq_process (Q4): a SEND/WRITE completes once its last FPDU is accepted
+  // by the local TCP socket; in order, up to the first WR not yet sent or a READ (which
+  // completes with its response).
+  if (dev.caps.send_completes_on_handoff && type != QpType::UD) {
+    for (SendWqe& w : sq_) {
+      if (!w.sent || w.local_error || w.wr.opcode == WrOpcode::RDMA_READ) break;
+      if (w.reported) continue;
+      complete_send(w, WcStatus::SUCCESS, static_cast<uint32_t>(sge_total(w.wr.sg_list)));
+      w.reported = true;
+    }
+  }
   check_sq_drained();
 }
 
@@ -258,6 +270,18 @@ void QpCore::on_response(const Frame& f) {
     rnr_left_ = attr.rnr_retry;
   } else if (f.pkt.syndrome == "ACK") {
     ack_through(psn, true);
+  } else if (dev.caps.transport == Transport::iWARP && f.pkt.syndrome != "RNR_NAK" &&
+             f.pkt.syndrome != "NAK_SEQ") {
+    // A TERMINATE (siw_proc_terminate -> -ECONNRESET -> siw_qp_cm_drop(qp, 1), Q7c): the head
+    // fails where it is the WR named, the QP goes to ERR and the connection is dropped.
+    ack_through(psn, false);
+    if (!sq_.empty() && sq_.front().sent && sq_.front().psn == psn) {
+      const WcStatus st = f.pkt.syndrome == "NAK_REM_ACCESS" ? WcStatus::REM_ACCESS_ERR
+                          : f.pkt.syndrome == "NAK_INV_REQ"  ? WcStatus::REM_INV_REQ_ERR
+                                                             : WcStatus::REM_OP_ERR;
+      fail_head(st, "TERMINATE received");
+    }
+    return terminate("TERMINATE received");
   } else {
     ack_through(psn, false);
     if (sq_.empty() || !sq_.front().sent || sq_.front().psn != psn) return;  // stale NAK
@@ -376,6 +400,14 @@ void QpCore::responder_error(const Frame& f, const std::string& syndrome, const 
   if (syndrome == "NAK_REM_ACCESS") dev.raise(AsyncEventType::QP_ACCESS_ERR, qpn);
   if (syndrome == "NAK_INV_REQ") dev.raise(AsyncEventType::QP_REQ_ERR, qpn);
   to_error("responder: " + why);
+  // iWARP: the NAK stands for a TERMINATE, after which the provider drops the connection
+  // (siw_tcp_rx_data -> siw_qp_cm_drop(qp, 1), Q7c).
+  if (dev.caps.transport == Transport::iWARP) terminate("responder: " + why);
+}
+
+void QpCore::terminate(const std::string& why) {
+  to_error(why);
+  if (dev.iw_cm) dev.iw_cm->terminated(this);
 }
 
 ModelSrq* QpCore::xrc_srq(uint32_t srqn) const {

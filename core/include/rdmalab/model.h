@@ -104,6 +104,15 @@ class ModelLab : public Lab {
                                   TimeNs driver_delay_ns) = 0;  // number: QPN, SRQN, CQ id or port
   virtual void set_port_state(const std::string& host, bool up) = 0;  // PORT_ERR / PORT_ACTIVE
   virtual void device_fatal(const std::string& host) = 0;             // DEVICE_FATAL
+  // `rdma link delete` of the host's device (uverbs_main.c ib_uverbs_remove_one): with
+  // caps.disassociates every user context gets DEVICE_FATAL and the removal completes; without,
+  // nothing is raised and it stays pending until every context on the device is closed. The
+  // device is unlisted from the start (ENODEV on open). EBUSY when one is already under way.
+  virtual void rdma_link_delete(const std::string& host) = 0;
+  virtual bool rdma_link_removal_pending(const std::string& host) const = 0;
+  // `rdma link add`: the device back. ENODEV if none was deleted, EBUSY while the removal
+  // still waits for a user context.
+  virtual void rdma_link_add(const std::string& host) = 0;
 
   // Host fault: the host loses all state at once (processes, QPs, CM state, timers) and is
   // back after down_ns with the same node GUID and the same first QPN, as a rebooted rxe
