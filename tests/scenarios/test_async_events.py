@@ -134,16 +134,43 @@ def test_first_packet_in_rtr_raises_comm_est(lab):
     assert pair.b.wait_completions(1)
 
 
-@pytest.mark.finding("rxe-device-removal-waits-for-the-user")
-@pytest.mark.finding("siw-device-removal-waits-for-the-user")
 def test_device_removal_raises_device_fatal(lab):
-    """semantics.md E: removing a device (rdma link delete, a firmware reset) tells every
-    user context with DEVICE_FATAL, so that it can release its objects."""
+    """A driver with disassociate_ucontext (mlx5, mlx4, hns, irdma): `rdma link delete`
+    disassociates every user context, whose async fd gets DEVICE_FATAL, so that it can release
+    its objects (uverbs_main.c ib_uverbs_remove_one -> ib_uverbs_free_hw_resources)."""
+    if not lab.host("a").caps().disassociates:
+        pytest.skip("needs caps.disassociates: the driver has no disassociate_ucontext, its "
+                    "removal waits for the user (test_device_removal_waits_for_the_user)")
     pair = RCPair(lab)
     got = Events()
     with Dispatcher(lab, pair.a.ctx) as d:
         d.set_default_handler(got)
-        lab.faults.device_fatal("a")
+        lab.faults.rdma_link_delete("a")
         lab.wait_until(lambda: "DEVICE_FATAL" in got.seen, sec(2) + lab.tolerance_ns,
                        "DEVICE_FATAL at a")
     assert got.seen.count("DEVICE_FATAL") == 1
+
+
+@pytest.mark.finding("device-removal-waits-for-the-user")
+def test_device_removal_waits_for_the_user(lab):
+    """A driver without disassociate_ucontext (rxe, siw, cxgb4; mana before 7.2): `rdma link
+    delete` raises nothing and waits (wait_for_completion) until every process has closed its
+    context on the device; then the removal completes and `rdma link add` works."""
+    if lab.host("a").caps().disassociates:
+        pytest.skip("needs caps.disassociates False: this driver disassociates user contexts "
+                    "(test_device_removal_raises_device_fatal)")
+    lab.fresh_hosts("a")               # no other process holds the device (test_rdma_link)
+    name = lab.host("a").devices[0]
+    victim = lab.killable_process("a", "victim")
+    ctx = victim.open_device(name)
+    got = Events()
+    with Dispatcher(lab, ctx) as d:
+        d.set_default_handler(got)
+        lab.faults.rdma_link_delete("a")
+        lab.sleep(sec(2))
+        assert "DEVICE_FATAL" not in got.seen, "DEVICE_FATAL from a driver that cannot raise it"
+    with pytest.raises(Hung):
+        lab.faults.rdma_link_add("a", deadline_s=5.0)   # the removal still waits for victim
+    victim.kill()                      # its context closes: the removal completes
+    lab.faults.rdma_link_add("a")
+    assert name in lab.host("a").devices

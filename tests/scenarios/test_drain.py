@@ -42,6 +42,8 @@ def warm_up(pair, n=N // 4):
         a.post_send(length=64)
     assert a.wait_completions(n, timeout_ns=sec(2)), "warm-up SENDs did not complete"
     assert all(wc.status == "SUCCESS" for wc in a.traffic.completions())
+    # Where a SEND completes when handed to TCP (siw) it may not have arrived yet.
+    a.lab.sleep(ms(50))
 
 
 def test_drain_with_many_outstanding_wrs(lab):
@@ -89,10 +91,12 @@ def test_drain_sends_waiting_on_rnr(lab):
     assert_exactly_once(a)
 
 
-@pytest.mark.finding("siw-send-completes-before-delivery")
+@pytest.mark.finding("siw-send-completes-on-tcp-handoff")
 def test_drain_with_the_wire_cut(lab):
     """Every packet from a is dropped: its SENDs wait for ACKs that never come, and the drain
-    flushes them long before the retry budget runs out."""
+    flushes them long before the retry budget runs out. Where a SEND completes when handed to
+    the transport (siw: local delivery to TCP, siw_qp_tx.c), every SEND completes SUCCESS
+    although nothing arrives, and the drain flushes none of them."""
     from rdmalab import FaultNotSupported
 
     pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
@@ -108,7 +112,11 @@ def test_drain_with_the_wire_cut(lab):
     report = a.drain(timeout_ns=sec(1))
     assert report.complete, report.detail
     assert report.outstanding_sq == N // 4
-    assert report.flushed == N // 4
+    if a.ctx.caps.send_completes_on_handoff:
+        assert report.succeeded == N // 4 and report.flushed == 0, \
+            f"{report.succeeded} SUCCESS, {report.flushed} flushed: handed to TCP is complete"
+    else:
+        assert report.flushed == N // 4
     assert report.order_kept
     assert_exactly_once(a)
     assert lab.faults.counts().get("drop", 0) >= N // 4
@@ -180,21 +188,73 @@ def test_drain_srq_attached_qp(lab):
 
 
 @pytest.mark.requires(transport="iWARP")
-@pytest.mark.finding("siw-closing-to-error-strands-queued-sends")
 def test_iwarp_closing_with_outstanding_sends_goes_to_error(lab):
     """iWARP SQD is RDMAC CLOSING: the SQ must be quiesced first; with SQ WRs outstanding
-    the QP goes to ERROR, and no WR may be posted in CLOSING (seed 000)."""
+    the QP goes to ERROR and the drain completes (seed 000). b has its receives posted and
+    every packet from a is lost, so the SENDs stay outstanding where the provider waits for
+    the peer; where a SEND completes when handed to TCP (siw) they complete at once, and SQD
+    is an orderly CLOSING."""
+    from rdmalab import FaultNotSupported
+
     pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
-    a = pair.a
+    a, b = pair.a, pair.b
     for _ in range(8):
-        a.post_send(length=64)            # b posted nothing: these cannot complete
-    pair.a.qp.modify(qp_state="SQD")
+        b.post_recv(length=64)
+    try:
+        lab.faults.drop(src_host="a")
+    except FaultNotSupported as e:
+        pytest.skip(f"needs a wire fault: {e}")
+    for _ in range(8):
+        a.post_send(length=64)
+    lab.run_for(ms(1))                    # on the wire, nothing acknowledged
+    handoff = a.ctx.caps.send_completes_on_handoff
+    if handoff:
+        assert a.wait_completions(8), "SENDs handed to TCP did not complete"
+        assert all(wc.status == "SUCCESS" for wc in a.traffic.completions()), \
+            "a SEND handed to TCP completed with an error"
+    a.qp.modify(qp_state="SQD")
     state_after_sqd = a.qp.state
     report = a.drain(timeout_ns=sec(1))
     assert report.complete, report.detail
+    assert report.flushed == (0 if handoff else 8)
     assert_exactly_once(a)
     if a.ctx.caps.reports_qp_state:  # siw does not (test_qp_state)
-        assert state_after_sqd == "ERR"
+        assert state_after_sqd == ("SQD" if handoff else "ERR")
+
+
+@pytest.mark.requires(transport="iWARP")
+@pytest.mark.finding("siw-user-posts-in-error-are-never-flushed")
+def test_iwarp_send_without_receive_terminates(lab):
+    """A SEND that finds no receive at an iWARP responder is a DDP error (RFC 5041, no RNR):
+    the responder TERMINATEs (siw_proc_send -> DDP_ECODE_UT_INVALID_MSN_NOBUF), both QPs go to
+    ERROR and both ids get DISCONNECTED. SENDs posted afterwards must complete with
+    WR_FLUSH_ERR (a post to a QP in ERROR is flushed)."""
+    from rdmalab.resources import CmPair
+
+    pair = CmPair(lab)
+    client, server = pair.client, pair.server
+    client.post_send(length=64)          # the server posted no receive
+    bound = sec(1) + lab.tolerance_ns
+    server.conn.wait("DISCONNECTED", bound)
+    client.conn.wait("DISCONNECTED", bound)
+    for side in (client, server):
+        if side.ctx.caps.reports_qp_state:
+            assert side.qp.state == "ERR", f"{side}: {side.qp.state} after the TERMINATE"
+    client.wait_completions(1)           # the first SEND: SUCCESS (handoff) or an error
+    before = len(client.traffic.completions())
+    if client.ctx.caps.err_post == "refuse":   # libcxgb4: a post in ERROR fails (EINVAL)
+        from rdmalab import Error
+        with pytest.raises(Error) as err:
+            client.post_send(length=64)
+        assert err.value.errno_name == "EINVAL"
+        pair.close()
+        return
+    for _ in range(4):
+        client.post_send(length=64)
+    assert client.wait_completions(4), "SENDs posted in ERROR never completed"
+    late = client.traffic.completions()[before:]
+    assert [wc.status for wc in late] == ["WR_FLUSH_ERR"] * 4
+    pair.close()
 
 
 @pytest.mark.requires(transport="iWARP")
