@@ -52,8 +52,12 @@ def test_connect_and_disconnect(lab):
         # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
         assert client.events[3].t_ns - t0 < ms(10) + lab.tolerance_ns
     assert all(e.status == 0 for e in [*client.events, *server.events])
-    if lab.host("a").caps().reports_qp_state:  # siw does not (test_qp_state)
-        assert pair.client.qp.state == "ERR"
+    caps = lab.host("a").caps()
+    if caps.reports_qp_state:  # siw does not (test_qp_state)
+        # siw (iw_close_timeout_s 0) releases the closer's socket at once and leaves its QP in
+        # CLOSING (SQD) until the user moves it to ERROR (siw_qp_cm_drop); others: ERR.
+        closing = is_iwarp(lab) and caps.iw_close_timeout_s == 0
+        assert pair.client.qp.state == ("SQD" if closing else "ERR")
 
 
 def sample_hits(rule, stop: threading.Event, out: list) -> None:
@@ -152,7 +156,15 @@ def test_rebooted_peer_reconnects_with_the_same_qpn(lab):
 
 @pytest.mark.finding("siw-connect-is-synchronous")
 def test_connect_to_a_port_with_no_listener(lab):
+    """No listener: REJECTED (IB: REJ reason 8; iWARP: the RST to the SYN or MPA request).
+    Where rdma_connect does the TCP connect itself (siw_connect, a blocking connect), the RST
+    fails the call with ECONNREFUSED and no event comes."""
     ch = lab.host("a").process("client").event_channel()
+    if lab.host("a").caps().connect_is_synchronous:
+        with pytest.raises(Error) as err:
+            ch.connect("b", 9999)
+        assert (err.value.verb, err.value.errno_name) == ("rdma_connect", "ECONNREFUSED")
+        return
     conn = ch.connect("b", 9999)
     ev = conn.wait("REJECTED", sec(2))
     if is_iwarp(lab):
@@ -163,6 +175,35 @@ def test_connect_to_a_port_with_no_listener(lab):
     assert "TIMEWAIT_EXIT" not in names(conn)        # no TIMEWAIT after REJECTED
     if lab.host("a").caps().reports_qp_state:       # siw does not (test_qp_state)
         assert conn.qp.state == "ERR"                # librdmacm moves the QP to ERR on REJECTED
+
+
+@pytest.mark.requires(transport="iWARP")
+def test_connect_to_a_host_that_never_answers(lab):
+    """Every SYN is lost. Where rdma_connect does the TCP connect itself (siw), the call blocks
+    for TCP's SYN give-up time, (2^(tcp_syn_retries + 1) - 1) s (6.1: TCP_TIMEOUT_INIT 1 s,
+    doubling; 127 s at the default 6), and fails with ETIMEDOUT; no event comes."""
+    from rdmalab import FaultNotSupported
+
+    caps = lab.host("a").caps()
+    if not caps.connect_is_synchronous:
+        pytest.skip("needs caps.connect_is_synchronous: an asynchronous connect (cxgb4) gives "
+                    "up when its offloaded TCP stops retransmitting the SYN, a time the kernel "
+                    "sources read (research Q5/Q6) do not give")
+    try:
+        lab.faults.drop(opcode="TCP_SYN")
+    except FaultNotSupported as e:
+        pytest.skip(f"needs a wire fault: {e}")
+    predicted_ns = sec(2 ** (caps.tcp_syn_retries + 1) - 1)
+    ch = lab.host("a").process("client").event_channel()
+    t0 = lab.now_ns
+    with pytest.raises(Error) as err:
+        ch.connect("b", 7471, timeout_ns=predicted_ns + sec(30))
+    took_ns = lab.now_ns - t0
+    print(f"rdma_connect blocked {took_ns / 1e9:.3f} s; predicted {predicted_ns / 1e9:.0f} s "
+          f"(tcp_syn_retries {caps.tcp_syn_retries})")
+    assert (err.value.verb, err.value.errno_name) == ("rdma_connect", "ETIMEDOUT")
+    assert predicted_ns <= took_ns <= predicted_ns + sec(1) + lab.tolerance_ns, \
+        f"blocked {took_ns / 1e9:.3f} s, predicted {predicted_ns / 1e9:.0f} s"
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
