@@ -117,7 +117,7 @@ def test_a_real_model_run_against_a_fake_device_column(tmp_path):
     assert a.model_column == "model-ib" and a.compared > 5
     # roce (copying rxe) never completes a SEND with retry_cnt 7; ib does: the one
     # disagreement, explained by the registry entry reproduced on the "device"
-    assert [str(d) for d in a.disagreements] == ["rxe-retry-cnt-7-is-infinite (unclassified)"]
+    assert [str(d) for d in a.disagreements] == ["rxe-retry-cnt-7-is-infinite (finding)"]
     assert a.agree == a.compared - 1
     assert a.line().startswith(f"agreement mlx5 (inventory-fake) vs model:ib: {a.agree}/"
                                f"{a.compared} scenarios agree; 1 disagree: ")
