@@ -128,3 +128,15 @@ class IbCmTiming:
     def timewait_ns(self) -> int:
         """The longest TIMEWAIT lasts."""
         return self.timewait_range_ns[1]
+
+
+def tcp_syn_give_up_range_ns(syn_retries: int, hz: int) -> tuple[int, int]:
+    """(earliest, latest) a TCP connect that never gets a SYN-ACK fails with ETIMEDOUT after the
+    SYN (Linux 6.1 tcp_write_timeout): the SYN and syn_retries retransmissions, each RTO
+    (TCP_TIMEOUT_INIT 1 s, doubling) a timer on the wheel; the call gives up when the last RTO
+    runs. (2^(n+1) - 1) s by the formula, up to ~4.9 s more at HZ=250 and n = 6."""
+    lo = hi = 0
+    for i in range(syn_retries + 1):
+        a, b = kernel_timer_range_ns(1000 << i, hz)
+        lo, hi = lo + a, hi + b
+    return lo, hi

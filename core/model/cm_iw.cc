@@ -8,6 +8,7 @@
 #include "model/device.h"
 #include "model/fabric.h"
 #include "model/qp.h"
+#include "rdmalab/kernel_timer.h"
 
 namespace rdmalab::model {
 
@@ -94,8 +95,11 @@ void IwCm::arm(Ep& ep, TimeNs timeout_ns) {
   env_.runtime.cancel(ep.timer);
   const uint32_t id = ep.id;
   const uint64_t epoch = epoch_;
-  ep.timer =
-      env_.runtime.schedule_after(timeout_ns, [this, id, epoch] { on_timeout(id, epoch); });
+  // Kernel timers (cxgb4's ep timer, siw's MPA timer) run on the timer wheel.
+  const TimeNs delay = kernel_timer_delay_ns(env_.runtime.now_ns(),
+                                             static_cast<uint64_t>(timeout_ns / kNsPerMs),
+                                             dev_.caps.kernel_hz);
+  ep.timer = env_.runtime.schedule_after(delay, [this, id, epoch] { on_timeout(id, epoch); });
 }
 
 // cxgb4 c4iw_ep_disconnect: start_ep_timer, jiffies + ep_timeout_secs * HZ (Q5).
@@ -460,17 +464,19 @@ void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCo
 int IwCm::tcp_connect(uint32_t id) {
   Ep* ep = find(id);
   ep->tcp_result = 1;
-  TimeNs rto = kNsPerSec;
+  uint64_t rto_ms = 1000;  // TCP_TIMEOUT_INIT: HZ jiffies
   for (int attempt = 0;; ++attempt) {
     IwWire syn = wire("TCP_SYN");
     syn.port = ep->port;
     send(*ep, std::move(syn));
+    // The retransmit timer runs on the timer wheel: each RTO ends at its bucket's end.
+    const TimeNs now = env_.runtime.now_ns();
     env_.runtime.wait_until(
         [this, id] {
           Ep* e = find(id);
           return e == nullptr || e->tcp_result != 1;
         },
-        env_.runtime.now_ns() + rto);
+        now + kernel_timer_delay_ns(now, rto_ms, dev_.caps.kernel_hz));
     ep = find(id);
     if (ep == nullptr) return -ECONNABORTED;
     if (ep->tcp_result != 1) break;
@@ -479,7 +485,7 @@ int IwCm::tcp_connect(uint32_t id) {
       break;
     }
     env_.record(dev_.host, label(id), "cm_retry", {{"msg", "TCP_SYN"}, {"attempt", attempt + 1}});
-    rto *= 2;
+    rto_ms *= 2;
   }
   const int rv = ep->tcp_result;
   ep->tcp_result = 1;

@@ -66,3 +66,12 @@ def test_the_wheel_is_the_models_clock():
         assert ex.t_ns - dis.t_ns > ms(2048)  # the wheel's rounding, not the formula
     finally:
         lab.shutdown()
+
+
+def test_syn_give_up_runs_on_the_wheel():
+    """7 RTOs of 1..64 s at HZ=250: 127 s plus each one's bucket (8, 8, 64, 64, 64, 512, 512
+    jiffies), so the call returns 127-131.928 s after it was made (siw measured 129.95 s)."""
+    from rdmalab.cm_timing import tcp_syn_give_up_range_ns
+    lo, hi = tcp_syn_give_up_range_ns(6, 250)
+    assert lo == sec(127) + 7
+    assert hi == sec(127) + ms(4928)

@@ -119,7 +119,10 @@ def test_drain_with_the_wire_cut(lab):
         assert report.flushed == N // 4
     assert report.order_kept
     assert_exactly_once(a)
-    assert lab.faults.counts().get("drop", 0) >= N // 4
+    # One packet per SEND on IB and RoCE; TCP (iWARP) packs FPDUs into segments as it likes,
+    # so there at least one segment of them was on the wire and dropped.
+    dropped = lab.faults.counts().get("drop", 0)
+    assert dropped >= (1 if a.ctx.caps.transport == "iWARP" else N // 4), dropped
 
 
 def test_drain_of_an_idle_qp_is_immediate(lab):
