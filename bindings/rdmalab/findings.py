@@ -393,7 +393,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def markdown_tables(registry: Registry) -> str:
     """README's findings block (without the begin/end markers)."""
-    out = [f"<!-- generated from bindings/rdmalab/findings.toml by `/usr/bin/python3 -m rdmalab "
+    out = ["<!-- generated from bindings/rdmalab/findings.toml by `/usr/bin/python3 -m rdmalab "
            "findings --readme README.md`: edit the registry, not this table -->", ""]
     parts = [
         ("finding", "Findings: the device breaks a written rule (a strict xfail on it)",
