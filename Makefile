@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
-        vmlab-deps vmlab test-vm fuzz test-fuzz
+        vmlab-deps vmlab test-vm fuzz test-fuzz bench
 
 all: build
 
@@ -132,6 +132,18 @@ test-vm: build vmlab-deps
 	$(PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
 	  --rdmalab-timeout 180 -rxXs || rc=1; \
 	exit $$rc
+
+# Benchmarks (not part of test): each figure beside a reference measured in the same run
+# (perftest on the same rxe pair, a direct link beside the switch, rxe's wall time beside the
+# model's), printed as ratios; out/bench/bench.json keeps them. BENCH_ARGS: e.g. --only switch.
+BENCH_DEBS := perftest
+BENCH_ARGS ?=
+
+bench: build vmlab-deps
+	$(call install_missing,$(BENCH_DEBS))
+	cmake --build $(BUILD) -j$(JOBS) --target bench-tools
+	$(VMLAB) prepare
+	PYTHONPATH=$(CURDIR):$(CURDIR)/bindings $(PYTHON) -m bench --build $(BUILD) --out $(OUT)/bench $(BENCH_ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
