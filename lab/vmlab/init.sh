@@ -4,7 +4,8 @@
 #   vmlab.port (agent port on the control NIC) vmlab.agent (agent.py path in the host tree)
 #   vmlab.sshkeys (folder in the host tree with the sshd host key and authorized_keys, or none)
 #   vmlab.hide (host paths, comma-separated, the guest must not see: an empty tmpfs over each;
-#   or none). The agent and the ssh keys are copied into the guest's /run/vmlab first.
+#   or none), vmlab.sysctl (NAME=VALUE,... set before the RDMA device comes up, or none).
+#   The agent and the ssh keys are copied into the guest's /run/vmlab first.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -30,7 +31,7 @@ ifname() {  # interface whose MAC is $1
 
 NAME=$(arg name); IP=$(arg ip); DMAC=$(arg dmac); CMAC=$(arg cmac)
 RDMA=$(arg rdma); PORT=$(arg port); AGENT=$(arg agent); SSHKEYS=$(arg sshkeys)
-HIDE=$(arg hide)
+HIDE=$(arg hide); SYSCTL=$(arg sysctl)
 
 # Modules in dependency order (computed on the host with modinfo); siw only when asked,
 # since it taints the kernel.
@@ -74,6 +75,13 @@ ip addr add 10.0.2.15/24 dev eth1 && ip link set eth1 up || die "eth1"
 log "network up"
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+if [ -n "$SYSCTL" ] && [ "$SYSCTL" != none ]; then  # NAME=VALUE,... (vm.py checked the form)
+  for kv in $(echo "$SYSCTL" | tr , ' '); do
+    k=${kv%%=*}; v=${kv#*=}
+    echo "$v" > "/proc/sys/$(echo "$k" | tr . /)" || die "sysctl $kv"
+  done
+  log "sysctl $SYSCTL"
+fi
 case "$RDMA" in
   rxe|siw) chroot $R rdma link add "${RDMA}0" type "$RDMA" netdev eth0 || die "rdma link add" ;;
   none) ;;

@@ -72,6 +72,27 @@ def tail(path: pathlib.Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def parse_sysctl(text: str) -> dict[str, str]:
+    """"net.ipv4.tcp_syn_retries=2 kernel.x=1" (blanks or commas between) -> a dict; a bad
+    entry is a VmError naming it."""
+    out: dict[str, str] = {}
+    for item in text.replace(",", " ").split():
+        key, eq, value = item.partition("=")
+        if not eq or not value or not key.replace(".", "").replace("_", "").isalnum() \
+                or not value.replace("-", "").isalnum():
+            raise VmError(f"sysctl {item!r}: expected NAME=VALUE, e.g. "
+                          "net.ipv4.tcp_syn_retries=2 (letters, digits, '.', '_' in the name; "
+                          "an integer or word as the value)")
+        out[key] = value
+    return out
+
+
+def _sysctl_arg(sysctl: dict[str, str]) -> str:
+    """vmlab.sysctl's value: NAME=VALUE pairs joined by commas, or none (init.sh splits them)."""
+    parse_sysctl(" ".join(f"{k}={v}" for k, v in sysctl.items()))  # the same check
+    return ",".join(f"{k}={v}" for k, v in sysctl.items()) or "none"
+
+
 def _hide_arg(paths: list[pathlib.Path]) -> str:
     """vmlab.hide's value: absolute paths joined by commas (the kernel command line splits on
     blanks, init.sh on commas), or none."""
@@ -92,6 +113,8 @@ class VmSpec:
     # Host paths the guest must not see (an empty tmpfs over each): e.g. the checkout, so a
     # guest is a machine the controller reaches by SSH alone. Empty: the whole host root.
     hide: list[pathlib.Path] = dataclasses.field(default_factory=list)
+    # Sysctls set before the RDMA device comes up, e.g. {"net.ipv4.tcp_syn_retries": "2"}.
+    sysctl: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -136,7 +159,8 @@ class Vm:
         append = (f"console=ttyS0 panic=-1 quiet loglevel=4 vmlab.name={s.name} "
                   f"vmlab.ip={s.ip}/24 vmlab.dmac={s.data_mac} vmlab.cmac={s.ctl_mac} "
                   f"vmlab.rdma={s.rdma} vmlab.port={GUEST_PORT} vmlab.agent={AGENT} "
-                  f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_hide_arg(s.hide)}")
+                  f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_hide_arg(s.hide)} "
+                  f"vmlab.sysctl={_sysctl_arg(s.sysctl)}")
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-:{GUEST_PORT}"
         if s.ssh_keys is not None:
             fwd += f",hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
@@ -281,7 +305,12 @@ class Lab:
     def __init__(self, n: int, rdma: str = "rxe", memory_mb: int = 512,
                  workdir: pathlib.Path | None = None, pcap: bool = True,
                  sshd: bool = True, seed: int = 1,
-                 hide: list[pathlib.Path] | None = None) -> None:
+                 hide: list[pathlib.Path] | None = None,
+                 sysctl: dict[str, str] | None = None) -> None:
+        # sysctl None: RDMALAB_VM_SYSCTL's ("NAME=VALUE ..."), so that `make test-vm` sets the
+        # guests of every lab its scenarios boot; unset, the kernel's defaults.
+        if sysctl is None:
+            sysctl = parse_sysctl(os.environ.get("RDMALAB_VM_SYSCTL", ""))
         self.kernel = kernel_mod.ensure()
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
@@ -293,7 +322,8 @@ class Lab:
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
         self.switch_sock = self.workdir / "sw.sock"
-        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys, hide=list(hide or [])),
+        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys, hide=list(hide or []),
+                           sysctl=dict(sysctl)),
                        self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd)
                     for i in range(n)]
         self.switch: subprocess.Popen | None = None

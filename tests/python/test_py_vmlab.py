@@ -270,3 +270,16 @@ def _pids_mentioning(text: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def test_sysctls_reach_the_command_line_and_bad_ones_are_refused(tmp_path):
+    from lab.vmlab.vm import VmError, VmSpec, parse_sysctl
+    vm = Vm(VmSpec(1, sysctl=parse_sysctl("net.ipv4.tcp_syn_retries=2, vm.x=1")),
+                  tmp_path, tmp_path / "sw.sock", tmp_path / "vmlinuz", tmp_path / "initrd")
+    append = vm.argv()[vm.argv().index("-append") + 1]
+    assert "vmlab.sysctl=net.ipv4.tcp_syn_retries=2,vm.x=1" in append.split()
+    plain = _vm(tmp_path, 2).argv()
+    assert "vmlab.sysctl=none" in plain[plain.index("-append") + 1].split()
+    for bad in ("tcp_syn_retries", "a=", "a=$(reboot)", "a b=1"):
+        with pytest.raises(VmError, match="NAME=VALUE"):
+            parse_sysctl(bad)
