@@ -20,7 +20,8 @@ export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
-        vmlab-deps vmlab test-vm fuzz test-fuzz bench
+        vmlab-deps vmlab test-vm fuzz test-fuzz bench \
+        build-module build-tsan test-tsan vmlab-prepare test-vm-rxe test-vm-siw
 
 all: build
 
@@ -57,20 +58,41 @@ vmlab: vmlab-deps
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab selftest
 
-build: deps
+# $(call needs,PREREQS): PREREQS, except when tests/phases.py runs a target (PHASE=1): it has
+# already run them, in its own order, and two ninjas must never share one build folder.
+needs = $(if $(PHASE),,$(1))
+
+build: $(call needs,deps)
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD) -j$(JOBS)
 
-# The engine and its GoogleTest tests under AddressSanitizer + UBSan (no Python module).
-build-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DRDMALAB_SANITIZE=ON -DRDMALAB_PYTHON=OFF
+# What the scenarios need from the normal build: the Python module and the fault switch (the
+# VM lab starts while the GoogleTest binaries still build).
+build-module: $(call needs,deps)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j$(JOBS) --target _core rdmalab-switch
+
+# The engine and its GoogleTest tests under AddressSanitizer + UBSan (no Python module), at
+# -O1 -g1 with asserts on (CMakeLists.txt).
+build-asan: $(call needs,deps)
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE= \
+	  -DRDMALAB_SANITIZE=address -DRDMALAB_PYTHON=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+# ThreadSanitizer over the multi-threaded layers: the runtimes (the model's SimRuntime is in
+# the model tests, the real one in the verbs tests), the stack and the verbs backend.
+TSAN_BUILD ?= build-tsan
+TSAN_TESTS := rdmalab_model_tests rdmalab_stack_tests rdmalab_verbs_tests
+
+build-tsan: $(call needs,deps)
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE= \
+	  -DRDMALAB_SANITIZE=thread -DRDMALAB_PYTHON=OFF
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
 
 # The switch's frame parser, rule matcher and corrupter under libFuzzer + ASan/UBSan (clang),
 # for FUZZ_SECONDS on a seed corpus of real and built frames; a crash fails the target and
 # leaves crash-* in $(FUZZ_BUILD).
-fuzz: deps
+fuzz: $(call needs,deps)
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRDMALAB_FUZZ=ON -DRDMALAB_PYTHON=OFF
 	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target rdmalab_fuzz_frame rdmalab_fuzz_corpus
@@ -78,22 +100,52 @@ fuzz: deps
 	cd $(FUZZ_BUILD) && ./faults/rdmalab_fuzz_frame -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	  -print_final_stats=1 corpus
 
-test-cpp: build
+test-cpp: $(call needs,build)
 	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
 
-test-asan: build-asan
+test-asan: $(call needs,build-asan)
 	ctest --test-dir $(ASAN_BUILD) -j$(JOBS) --output-on-failure
 
-test-python: build
-	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
+# halt_on_error: the first race fails the run; the binaries run one at a time (their tests
+# start threads of their own).
+test-tsan: $(call needs,build-tsan)
+	@rc=0; for t in $(TSAN_TESTS); do \
+	  bin=$$(find $(TSAN_BUILD) -name $$t -type f -perm -u+x | head -1); \
+	  echo "== $$t (ThreadSanitizer)"; \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 $(TSAN_OPTIONS)" $$bin --gtest_brief=1 \
+	    || rc=1; \
+	done; exit $$rc
 
-test: test-cpp test-asan test-python test-fuzz test-vm
+test-python: $(call needs,build)
+	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
 
 # The switch's fuzz target, bounded, as part of `test` (make fuzz for a longer run).
 TEST_FUZZ_SECONDS ?= 30
 
 test-fuzz:
 	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+
+# Every suite, in two lanes (tests/phases.py): the VM lab's scenarios, which mostly wait on
+# protocol timers, start as soon as the Python module is built; beside them the other builds
+# (niced: the guests' timers come first) and suites. Each phase's output goes to
+# $(OUT)/test-phases/<phase>.log (the VM lane's also to the terminal); at the end the failed
+# phases' logs and a per-phase time breakdown are printed. All phases run even when one fails.
+TEST_PHASES := \
+  vm:build-module \
+  side:vmlab-prepare \
+  vm:test-vm-rxe:after=build-module,vmlab-prepare \
+  vm:test-vm-siw \
+  side:build:nice:after=build-module \
+  side:test-cpp:after=build \
+  side:test-python:after=build \
+  side:build-asan:nice \
+  side:test-asan:after=build-asan \
+  side:build-tsan:nice \
+  side:test-tsan:after=build-tsan \
+  side:test-fuzz:nice
+
+test: deps vmlab-deps
+	$(PYTHON) tests/phases.py --make "$(MAKE)" --out $(OUT)/test-phases $(TEST_PHASES)
 
 # The scenario suite on the first table a new user sees: each device of the VM lab (rxe, siw)
 # beside the model personality that predicts it (roce, iwarp-siw: the table compares each
@@ -113,25 +165,41 @@ run: build vmlab-deps
 # `--lab vm:siw`, the one-command path. Each beside the model personality that predicts it
 # (roce, iwarp-siw), so pytest's summary compares them ("rdmalab: model vs device"). All run
 # even when one fails; the target fails if any did.
+#
+# VM_SYSCTL: sysctls the guests boot with. net.ipv4.tcp_syn_retries=2 makes siw's
+# never-answered connect give up after 7 s instead of 127 s; the caps read the sysctl, so
+# the scenario predicts 7 s there, while the model twin beside it keeps Linux's default 6
+# (127 s of virtual time): the long wait is covered by the model, the device runs the short one.
 VM_HOSTS   ?= 2
 INVENTORY  ?= $(CURDIR)/.cache/vmlab/inventory-rxe.toml
+VM_SYSCTL  ?= net.ipv4.tcp_syn_retries=2
 VMLAB      := PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab
+VM_PYTEST  := RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTEST)
 
-test-vm: build vmlab-deps
+vmlab-prepare: $(call needs,vmlab-deps)
 	$(VMLAB) prepare
+
+test-vm-rxe: $(call needs,build-module vmlab-prepare)
 	@rc=0; \
 	echo "== scenarios on rxe guests as inventory machines ($(INVENTORY))"; \
-	if $(VMLAB) up --device rxe --hosts $(VM_HOSTS) --inventory $(INVENTORY); then \
-	  $(PYTEST) tests/scenarios --lab model:roce --lab inventory:$(INVENTORY) \
+	if RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(VMLAB) up --device rxe --hosts $(VM_HOSTS) \
+	    --inventory $(INVENTORY); then \
+	  $(VM_PYTEST) tests/scenarios --lab model:roce --lab inventory:$(INVENTORY) \
 	    --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs || rc=1; \
 	  echo "== the same guests: inventory checks and a host lost mid-scenario"; \
-	  RDMALAB_INVENTORY=$(INVENTORY) $(PYTEST) tests/vm -rxXs || rc=1; \
+	  RDMALAB_INVENTORY=$(INVENTORY) $(VM_PYTEST) tests/vm -rxXs || rc=1; \
 	  $(VMLAB) down --inventory $(INVENTORY) || rc=1; \
 	else rc=1; fi; \
-	echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"; \
-	$(PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
-	  --rdmalab-timeout 180 -rxXs || rc=1; \
 	exit $$rc
+
+test-vm-siw: $(call needs,build-module vmlab-prepare)
+	@echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"
+	$(VM_PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
+	  --rdmalab-timeout 180 -rxXs
+
+test-vm: $(call needs,build-module vmlab-deps)
+	@rc=0; $(MAKE) --no-print-directory test-vm-rxe || rc=1; \
+	$(MAKE) --no-print-directory test-vm-siw || rc=1; exit $$rc
 
 # Benchmarks (not part of test): each figure beside a reference measured in the same run
 # (perftest on the same rxe pair, a direct link beside the switch, rxe's wall time beside the
@@ -152,4 +220,4 @@ tidy: build
 	clang-tidy -p $(BUILD) --quiet $$(git ls-files 'core/*.cc' 'bindings/*.cc' | grep -v _test.cc)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(OUT) bindings/rdmalab/_core*.so
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(OUT) bindings/rdmalab/_core*.so

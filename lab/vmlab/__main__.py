@@ -45,13 +45,15 @@ def cmd_boot(args: argparse.Namespace) -> int:
         lab.start_all()
         try:
             _log(f"ready after {lab.wait_all_ready()} s")
+            failed = 0
             for vm in lab.vms:
                 r = vm.run(args.cmd, args.timeout)
                 print(f"--- {vm.spec.name} rc={r.rc} ({r.elapsed_s} s)\n{r.out}{r.err}")
+                failed += r.rc != 0
         except MachineError as exc:
             _log(f"FAIL: {exc}")
             return 1
-    return 0
+    return 1 if failed else 0  # the command's failure in any VM is the run's
 
 
 def cmd_up(args: argparse.Namespace) -> int:
