@@ -21,7 +21,7 @@ PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
         vmlab-deps vmlab test-vm fuzz test-fuzz bench \
-        build-module build-tsan test-tsan vmlab-prepare test-vm-rxe test-vm-siw
+        build-module build-tsan test-tsan test-tsan-vm vmlab-prepare test-vm-rxe test-vm-siw
 
 all: build
 
@@ -116,6 +116,17 @@ test-tsan: $(call needs,build-tsan)
 	    || rc=1; \
 	done; exit $$rc
 
+# The verbs tests that need a device, under TSan, in one rxe guest and one siw guest (guests of
+# lab.vmlab boot see the host's tree): the backend's event and CM threads against real drivers.
+TSAN_VM_CMD := TSAN_OPTIONS='halt_on_error=1 second_deadlock_stack=1' \
+  $(CURDIR)/$(TSAN_BUILD)/core/rdmalab_verbs_tests --gtest_brief=1
+
+test-tsan-vm: $(call needs,build-tsan vmlab-prepare)
+	@rc=0; for dev in rxe siw; do \
+	  echo "== rdmalab_verbs_tests (ThreadSanitizer) on $$dev in a VM"; \
+	  $(VMLAB) boot -n 1 --rdma $$dev --timeout 300 "$(TSAN_VM_CMD)" || rc=1; \
+	done; exit $$rc
+
 test-python: $(call needs,build)
 	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
 
@@ -135,6 +146,7 @@ TEST_PHASES := \
   side:vmlab-prepare \
   vm:test-vm-rxe:after=build-module,vmlab-prepare \
   vm:test-vm-siw \
+  vm:test-tsan-vm:after=build-tsan \
   side:build:nice:after=build-module \
   side:test-cpp:after=build \
   side:test-python:after=build \

@@ -128,7 +128,10 @@ TEST(VerbsDevice, ObjectsAfterCloseAreEbadf) {
   a.port_num = 1;
   a.qp_access_flags = ACCESS_REMOTE_WRITE;
   qp->modify(a, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
-  EXPECT_EQ(qp->state(), QpState::INIT);
+  // siw before 6.8 answers ibv_query_qp without the state (finding siw-query-qp-reports-no-state).
+  if (ctx->caps().reports_qp_state) {
+    EXPECT_EQ(qp->state(), QpState::INIT);
+  }
   try {
     pd->dealloc();
     FAIL() << "PD with objects deallocated";
