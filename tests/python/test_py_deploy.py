@@ -47,7 +47,7 @@ def make_repo(dest: Path, engine: bytes | None) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "CMakeLists.txt", dest / "CMakeLists.txt")
-    for d in ("core", "faults", "bindings"):
+    for d in deploy._engine_dirs(REPO):  # core, faults, bench, bindings: what CMake adds
         shutil.copytree(REPO / d, dest / d, ignore=ignore)
     if engine is not None:
         (dest / "bindings" / "rdmalab" / ENGINE.name).write_bytes(engine)
