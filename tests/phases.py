@@ -147,8 +147,11 @@ class Runner:
                      f"stopping make (pid {proc.pid}) and everything it started")
         try:  # the whole make tree: builds, pytest, qemu's supervisors
             os.killpg(proc.pid, signal.SIGTERM)
-            time.sleep(5)
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            os.killpg(proc.pid, signal.SIGKILL)  # what ignored SIGTERM, and make's orphans
         except ProcessLookupError:
             pass
 
