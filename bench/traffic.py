@@ -3,19 +3,25 @@
 Boots two rxe guests (lab/vmlab), then in rounds, per test: Debian's perftest (ib_send_bw,
 ib_write_bw, ib_read_bw, ib_send_lat; server in vm1, client in vm2 pointing at 10.0.0.1)
 over every size, and rdmalab_bench_traffic (bench/traffic_bench.cc: the same measurements
-through stack::Traffic, its CompletionLedger and the verbs backend, history on, waits through
-Traffic::wait_completions) over the same sizes, iteration counts, queue depths, cq moderation,
-outstanding reads and MTU. The order of the two alternates between rounds; each figure is the
-median over the rounds of both. At 64 B (SEND rate and SEND latency) diagnostics break the
-engine down: busy polling instead of the engine's paced wait, the engine without its History,
-and rdmalab's verbs objects alone (no Traffic, no ledger), each beside the same perftest runs,
-with each post's and poll's cost timed in the guest.
+through stack::Traffic, its CompletionLedger and the verbs backend, History on, waits through
+Traffic::wait_completions: rdmalab's engine as scenarios use it) over the same sizes,
+iteration counts, queue depths, cq moderation, outstanding reads and MTU. Which of the two goes
+first alternates between rounds; each figure is the median over the rounds, its note lists the
+rounds and rxe's counters of retransmissions and duplicate or out-of-sequence requests (lost
+frames and the resends they cause, which weigh on the rates of both tools alike).
 
-Fairness: perftest gets -I 0 (rdmalab's SendWr has no inline flag), -x 1 (RoCEv2 GID of
+At 64 B (SEND rate and SEND latency) diagnostics break the engine down, each beside the same
+perftest runs: the engine with busy polling instead of its paced wait; with a prototype runtime
+that spins waits under SPIN_US instead of sleeping; without its History; rdmalab's verbs
+objects alone (no Traffic, ledger or History); and a raw baseline, the same program on
+ibv_post_send/ibv_poll_cq, which tells this program's own cost from the layers'. One run times
+each post and poll call; --role micro times the engine layers' CPU per WR over a stand-in
+provider in the guest and natively on this host.
+
+Fairness: perftest gets -I 0 (rdmalab's SendWr has no inline flag), -x 1 (the RoCEv2 GID of
 10.0.0.x, as the bench's --gid-index 1), -m 1024, -t/-r/-Q as the bench, -o for READ, -F (TCG
-guests have no cpufreq). Both busy-poll or pace on the same two 1-vCPU TCG guests, joined by
-the lab's switch process on a host whose 2 cores are shared: absolute rates are TCG's, the
-ratio is the point, and the spread over rounds is printed with each figure.
+guests have no cpufreq). Both run on the same two 1-vCPU TCG guests, joined by the lab's switch
+process, on a host whose 2 cores are shared: absolute rates are TCG's, the ratio is the point.
 """
 from __future__ import annotations
 
@@ -111,10 +117,28 @@ def _wait_listening(vm, port: int, server: dict, deadline_s: float = 30.0) -> No
     raise TrafficError(f"{vm.spec.name}: nothing listens on TCP port {port} after {deadline_s} s")
 
 
+COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
+# rxe's counters (rxe_hw_counters.c) that say a run was not clean: the requester's
+# retransmissions (completer_retry_err: a timeout or a NAK made it resend), sequence NAKs it got,
+# RNR NAKs, and the responder's duplicate / out-of-sequence requests (lost or resent packets).
+TROUBLE = ("completer_retry_err", "rcvd_seq_err", "rcvd_rnr_err", "send_rnr_err",
+           "duplicate_request", "out_of_seq_request")
+
+
+def counters(vm) -> dict:
+    out = {}
+    for line in vm.run(f"grep -H . {COUNTERS}/*", 10).out.splitlines():
+        path, _, value = line.rpartition(":")
+        if value.strip().isdigit():
+            out[path.rsplit("/", 1)[-1]] = int(value)
+    return out
+
+
 def run_pair(lab, server_cmd: str, client_cmd: str, port: int, what: str):
-    """Server in vm1, client in vm2 (to 10.0.0.1); both results, or TrafficError naming the side
-    that failed with its output."""
+    """Server in vm1, client in vm2 (to 10.0.0.1); both results and the rxe counters' changes
+    on both guests (summed), or TrafficError naming the side that failed with its output."""
     srv_vm, cli_vm = lab.vms[0], lab.vms[1]
+    before = [counters(srv_vm), counters(cli_vm)]
     server: dict = {}
 
     def serve():
@@ -138,14 +162,17 @@ def run_pair(lab, server_cmd: str, client_cmd: str, port: int, what: str):
             f"{what} failed: client rc {client.rc} (timed out {client.timed_out}), server rc "
             f"{s.rc} (timed out {s.timed_out})\n--- client:\n{client.out[-1500:]}"
             f"{client.err[-1500:]}\n--- server:\n{s.out[-1000:]}{s.err[-1000:]}")
-    return client, s
+    after = [counters(srv_vm), counters(cli_vm)]
+    delta = {k: sum(a.get(k, 0) - b.get(k, 0) for a, b in zip(after, before))
+             for k in set(after[0]) | set(after[1])}
+    return client, s, delta
 
 
 def run_perftest(lab, test: str, size: int, iters: int) -> dict:
     argv = perftest_argv(test, size, iters)
-    client, _ = run_pair(lab, argv, f"{argv} {lab.vms[0].spec.ip}", PERFTEST_PORT,
-                         f"{TESTS[test][0]} -s {size}")
-    return parse_perftest(test, size, client.out)
+    client, _, delta = run_pair(lab, argv, f"{argv} {lab.vms[0].spec.ip}", PERFTEST_PORT,
+                                f"{TESTS[test][0]} -s {size}")
+    return dict(parse_perftest(test, size, client.out), counters=delta)
 
 
 def run_engine(lab, binary: pathlib.Path, test: str, sizes: list[int], iters: dict,
@@ -165,10 +192,13 @@ def run_engine(lab, binary: pathlib.Path, test: str, sizes: list[int], iters: di
         for s in sizes:
             out += run_engine(lab, binary, test, [s], iters, modes, waits, profile, spin_us)
         return out
-    c, _ = run_pair(lab, f"{binary} --role server {common}", client, BENCH_PORT,
-                    f"rdmalab_bench_traffic {test}")
+    c, _, delta = run_pair(lab, f"{binary} --role server {common}", client, BENCH_PORT,
+                           f"rdmalab_bench_traffic {test}")
     try:
-        return json.loads(c.out)["results"]
+        results = json.loads(c.out)["results"]
+        for r in results:  # one size and mode per call: the counters are that run's
+            r["counters"] = delta if len(results) == 1 else None
+        return results
     except (ValueError, KeyError) as e:
         raise TrafficError(f"rdmalab_bench_traffic printed no JSON ({e}):\n{c.out[-1500:]}") \
             from None
@@ -278,10 +308,11 @@ def run(args) -> list[Figure]:
                             raw.append({"round": rnd, "tool": "perftest", "test": test,
                                         "size": size, **r})
                     else:
-                        for r in run_engine(lab, binary, test, sizes, iters):
-                            ours.setdefault((test, r["size"], "engine"), []).append(
-                                r[_metric(test)])
-                            raw.append({"round": rnd, "tool": "rdmalab", **r})
+                        for size in sizes:  # one call per size: the rxe counters per run
+                            for r in run_engine(lab, binary, test, [size], iters):
+                                ours.setdefault((test, size, "engine"), []).append(
+                                    r[_metric(test)])
+                                raw.append({"round": rnd, "tool": "rdmalab", **r})
                     _log(f"round {rnd + 1}/{rounds} {test}: {who} {time.monotonic() - t0:.1f} s")
             # Diagnostics at 64 B: where the engine's time goes (same round, same guests).
             for test in ("send_bw", "send_lat"):
@@ -311,11 +342,22 @@ def run(args) -> list[Figure]:
         {"runs": raw, "micro_guest_ns": guest_micro, "micro_host_ns": host_micro}, indent=1)
         + "\n")
 
+    def trouble(tool: str, test: str, size: int) -> str:
+        runs = [r for r in raw if r["tool"] == tool and r.get("test") == test
+                and r.get("size") == size and not r.get("diagnostic") and r.get("counters")]
+        if not runs:
+            return "n/a"
+        total = {k: sum(r["counters"].get(k, 0) for r in runs) for k in TROUBLE}
+        return ", ".join(f"{k} {v}" for k, v in total.items() if v) or "none"
+
     figures = []
     for test in tests:
         for size in sizes:
-            figures.append(_figure(test, size, "", ours.get((test, size, "engine"), []),
-                                   ref.get((test, size), []), goal=True))
+            figures.append(_figure(
+                test, size, "", ours.get((test, size, "engine"), []), ref.get((test, size), []),
+                goal=True, extra=f"rxe trouble counters over the rounds: rdmalab "
+                                 f"{trouble('rdmalab', test, size)}; perftest "
+                                 f"{trouble('perftest', test, size)}"))
     labels = {"engine/pace-spin": f": engine, waits under {SPIN_US} us spun (prototype)",
               "engine/poll": ": engine, busy poll (no paced wait)",
               "nohistory/poll": ": engine without History, busy poll",
