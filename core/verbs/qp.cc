@@ -153,12 +153,15 @@ void VerbsQp::post_send(const SendWr& wr) {
   to_ibv(wr, type_, ah, w);
   ibv_send_wr* bad = nullptr;
   check_rc("ibv_post_send", ibv_post_send(qp, &w.wr, &bad), label_);
-  st_->record(label_, "post",
-              {{"queue", "send"},
-               {"wr_id", wr.wr_id},
-               {"signaled", wr.signaled},
-               {"qp_num", qp_num_},
-               {"opcode", std::string(to_string(wr.opcode))}});
+  if (st_->history == nullptr) return;
+  // Built key by key: an initializer list would copy every value once more (the data path).
+  nlohmann::json data(nlohmann::json::value_t::object);
+  data["queue"] = "send";
+  data["wr_id"] = wr.wr_id;
+  data["signaled"] = wr.signaled;
+  data["qp_num"] = qp_num_;
+  data["opcode"] = to_string(wr.opcode);
+  st_->record(label_, "post", std::move(data));
 }
 
 void VerbsQp::post_recv(const RecvWr& wr) {
@@ -167,8 +170,13 @@ void VerbsQp::post_recv(const RecvWr& wr) {
   to_ibv(wr, w);
   ibv_recv_wr* bad = nullptr;
   check_rc("ibv_post_recv", ibv_post_recv(qp, &w.wr, &bad), label_);
-  st_->record(label_, "post",
-              {{"queue", "recv"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"qp_num", qp_num_}});
+  if (st_->history == nullptr) return;
+  nlohmann::json data(nlohmann::json::value_t::object);
+  data["queue"] = "recv";
+  data["wr_id"] = wr.wr_id;
+  data["signaled"] = true;
+  data["qp_num"] = qp_num_;
+  st_->record(label_, "post", std::move(data));
 }
 
 void VerbsQp::destroy(TimeNs deadline_ns) {
