@@ -3,16 +3,18 @@
 Boots two rxe guests (lab/vmlab), then in rounds, per test: Debian's perftest (ib_send_bw,
 ib_write_bw, ib_read_bw, ib_send_lat; server in vm1, client in vm2 pointing at 10.0.0.1)
 over every size, and rdmalab_bench_traffic (bench/traffic_bench.cc: the same measurements
-through stack::Traffic, its CompletionLedger and the verbs backend, History on, waits through
-Traffic::wait_completions: rdmalab's engine as scenarios use it) over the same sizes,
+through stack::Traffic, its CompletionLedger and the verbs backend, History on, polling
+through Traffic::poll in a busy loop as perftest polls ibv_poll_cq: rdmalab's engine as a load
+generator uses it) over the same sizes,
 iteration counts, queue depths, cq moderation, outstanding reads and MTU. Which of the two goes
 first alternates between rounds; each figure is the median over the rounds, its note lists the
 rounds and rxe's counters of retransmissions and duplicate or out-of-sequence requests (lost
 frames and the resends they cause, which weigh on the rates of both tools alike).
 
 At 64 B (SEND rate and SEND latency) diagnostics break the engine down, each beside the same
-perftest runs: the engine with busy polling instead of its paced wait; with a prototype runtime
-that spins waits under SPIN_US instead of sleeping; without its History; rdmalab's verbs
+perftest runs: the engine with the paced wait scenarios use (Traffic::wait_completions: polls
+1 us apart, the gap doubling to 100 us while the CQ is empty, sleeping between); without its
+History; rdmalab's verbs
 objects alone (no Traffic, ledger or History); and a raw baseline, the same program on
 ibv_post_send/ibv_poll_cq, which tells this program's own cost from the layers'. One run times
 each post and poll call; --role micro times the engine layers' CPU per WR over a stand-in
@@ -309,7 +311,8 @@ def run(args) -> list[Figure]:
                                         "size": size, **r})
                     else:
                         for size in sizes:  # one call per size: the rxe counters per run
-                            for r in run_engine(lab, binary, test, [size], iters):
+                            for r in run_engine(lab, binary, test, [size], iters,
+                                                waits=("poll",)):
                                 ours.setdefault((test, size, "engine"), []).append(
                                     r[_metric(test)])
                                 raw.append({"round": rnd, "tool": "rdmalab", **r})
@@ -319,13 +322,13 @@ def run(args) -> list[Figure]:
                 iters = lat_iters if test == "send_lat" else bw_iters
                 t0 = time.monotonic()
                 for r in run_engine(lab, binary, test, [64], iters,
-                                    modes=("engine", "nohistory", "direct", "raw"),
+                                    modes=("nohistory", "direct", "raw"),
                                     waits=("poll",)):
                     variant = f"{r['mode']}/{r['wait']}"
                     ours.setdefault((test, 64, variant), []).append(r[_metric(test)])
                     raw.append({"round": rnd, "tool": "rdmalab", "diagnostic": True, **r})
-                for r in run_engine(lab, binary, test, [64], iters, spin_us=SPIN_US):
-                    ours.setdefault((test, 64, "engine/pace-spin"), []).append(r[_metric(test)])
+                for r in run_engine(lab, binary, test, [64], iters, waits=("pace",)):
+                    ours.setdefault((test, 64, "engine/pace"), []).append(r[_metric(test)])
                     raw.append({"round": rnd, "tool": "rdmalab", "diagnostic": True, **r})
                 _log(f"round {rnd + 1}/{rounds} {test} 64 B diagnostics {time.monotonic() - t0:.1f} s")
         # Once, apart (timing each call perturbs what it times): where a ping-pong leg's time
@@ -358,8 +361,7 @@ def run(args) -> list[Figure]:
                 goal=True, extra=f"rxe trouble counters over the rounds: rdmalab "
                                  f"{trouble('rdmalab', test, size)}; perftest "
                                  f"{trouble('perftest', test, size)}"))
-    labels = {"engine/pace-spin": f": engine, waits under {SPIN_US} us spun (prototype)",
-              "engine/poll": ": engine, busy poll (no paced wait)",
+    labels = {"engine/pace": ": engine, paced wait (Traffic::wait_completions, as scenarios)",
               "nohistory/poll": ": engine without History, busy poll",
               "direct/poll": ": verbs objects alone (no Traffic/ledger/History), busy poll",
               "raw/poll": ": baseline, this program on raw ibv_post_send/ibv_poll_cq"}
@@ -376,6 +378,7 @@ def run(args) -> list[Figure]:
     h_t, h_v = one_way_layers_us(host_micro)
     for f in figures:
         if f.name == "SEND 64 B latency (typical)":
+            f.note += _profile_note(diag.get("engine", {}))
             f.note += (f"; the engine's own CPU per answered message (completion polled, receive "
                        f"re-posted, answer posted; --role micro over a stand-in provider): "
                        f"{g_t + g_v:.0f} us in the guest (Traffic + ledger {g_t:.0f} us, verbs "
