@@ -111,10 +111,9 @@ test-asan: $(call needs,build-asan)
 # start threads of their own).
 test-tsan: $(call needs,build-tsan)
 	@rc=0; for t in $(TSAN_TESTS); do \
-	  bin=$$(find $(TSAN_BUILD) -name $$t -type f -perm -u+x | head -1); \
 	  echo "== $$t (ThreadSanitizer)"; \
-	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 $(TSAN_OPTIONS)" $$bin --gtest_brief=1 \
-	    || rc=1; \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 $(TSAN_OPTIONS)" \
+	    $(TSAN_BUILD)/core/$$t --gtest_brief=1 || rc=1; \
 	done; exit $$rc
 
 # The verbs tests that need a device, under TSan, in one rxe guest and one siw guest (guests of

@@ -53,7 +53,6 @@ TESTS = {  # bench test -> (perftest binary, figure name)
 }
 RUN_TIMEOUT_S = 180.0
 RATE_GOAL, LAT_GOAL = 0.9, 1.1
-SPIN_US = 200  # diagnostic: the bench's SpinningRuntime spins waits this short instead of sleeping
 
 
 class TrafficError(RuntimeError):
@@ -178,8 +177,7 @@ def run_perftest(lab, test: str, size: int, iters: int) -> dict:
 
 
 def run_engine(lab, binary: pathlib.Path, test: str, sizes: list[int], iters: dict,
-               modes=("engine",), waits=("pace",), profile: bool = False,
-               spin_us: int = 0) -> list[dict]:
+               modes=("engine",), waits=("pace",), profile: bool = False) -> list[dict]:
     common = (f"--dev rxe0 --gid-index {GID_INDEX} --port {BENCH_PORT} --timeout-s "
               f"{RUN_TIMEOUT_S - 30:.0f} --max-s {RUN_TIMEOUT_S - 10:.0f}")
     n = ",".join(f"{s}:{iters[s]}" for s in sizes)
@@ -187,12 +185,11 @@ def run_engine(lab, binary: pathlib.Path, test: str, sizes: list[int], iters: di
               f"--sizes {','.join(map(str, sizes))} --iters-for {n} --lat-iters {iters[sizes[0]]} "
               f"--modes {','.join(modes)} --waits {','.join(waits)} --tx-depth {TX_DEPTH} "
               f"--rx-depth {RX_DEPTH} --cq-mod {CQ_MOD} --out-reads {OUT_READS} --mtu {MTU}"
-              f"{' --profile on' if profile else ''}"
-              f"{f' --spin-us {spin_us}' if spin_us else ''}")
+              f"{' --profile on' if profile else ''}")
     if test == "send_lat" and len(sizes) > 1:  # --lat-iters is one number: one call per size
         out = []
         for s in sizes:
-            out += run_engine(lab, binary, test, [s], iters, modes, waits, profile, spin_us)
+            out += run_engine(lab, binary, test, [s], iters, modes, waits, profile)
         return out
     c, _, delta = run_pair(lab, f"{binary} --role server {common}", client, BENCH_PORT,
                            f"rdmalab_bench_traffic {test}")
