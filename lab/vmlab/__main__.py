@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -17,11 +18,11 @@ def _log(msg: str) -> None:
     print(f"[vmlab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def cmd_prepare(_: argparse.Namespace) -> int:
+def cmd_prepare(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    k = kernel.ensure()
+    k = kernel.ensure(siw=not args.no_siw)
     rd = initrd.ensure(k)
-    _log(f"kernel {k.vmlinuz}\n  siw {k.siw_ko}\n  initrd {rd}\n  "
+    _log(f"kernel {k.release} ({k.suite}) {k.vmlinuz}\n  siw {k.siw_ko}\n  initrd {rd}\n  "
          f"({time.monotonic() - t0:.1f} s)")
     return 0
 
@@ -68,8 +69,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m lab.vmlab")
+    ap.add_argument("--kernel", default=None, metavar="SUITE|RELEASE",
+                    help="the guests' kernel: bookworm (default), trixie, sid, bookworm-"
+                         "backports, or a Debian release such as 6.12.117+deb13-amd64 "
+                         "(also RDMALAB_VM_KERNEL)")
     sub = ap.add_subparsers(dest="action", required=True)
-    sub.add_parser("prepare", help="fetch the kernel, build siw.ko and the initrd")
+    pr = sub.add_parser("prepare", help="fetch the kernel, build siw.ko and the initrd")
+    pr.add_argument("--no-siw", action="store_true", help="do not build siw.ko")
     st = sub.add_parser("selftest", help="boot two VMs per provider, rping/pingpong them")
     st.add_argument("--rdma", nargs="+", default=["rxe", "siw"], choices=["rxe", "siw"])
     st.add_argument("--reboot", action="store_true",
@@ -95,12 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     pw.add_argument("--host", required=True)
     pw.add_argument("what", choices=["on", "off", "cycle"])
     args = ap.parse_args(argv)
+    if args.kernel:  # read by lab.vmlab.kernel, here and in up's supervisor process
+        os.environ["RDMALAB_VM_KERNEL"] = args.kernel
     commands = {"prepare": cmd_prepare, "selftest": cmd_selftest, "boot": cmd_boot,
                 "up": cmd_up, "serve": cmd_serve,
                 "down": lambda a: up.down(a.inventory),
                 "power": lambda a: up.power(a.inventory, a.host, a.what)}
     try:
         return commands[args.action](args)
+    except kernel.KernelError as exc:
+        print(f"vmlab {args.action}: the guest kernel: {exc}", file=sys.stderr, flush=True)
+        return 1
     except up.UpError as exc:
         print(f"vmlab {args.action}: {exc}", file=sys.stderr, flush=True)
         return 1

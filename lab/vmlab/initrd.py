@@ -79,7 +79,7 @@ def ensure(k: kmod.Kernel) -> pathlib.Path:
     """Build (or reuse) the gzip'd initrd for kernel k; returns its path."""
     if not BUSYBOX.exists():
         raise kmod.KernelError(f"{BUSYBOX} missing: apt-get install busybox-static")
-    mods = [(n, p.read_bytes()) for n, p in kmod.guest_modules(k)]
+    mods = [(n, kmod.module_bytes(p)) for n, p in kmod.guest_modules(k)]
     busybox, init = BUSYBOX.read_bytes(), INIT_SH.read_bytes()
     h = hashlib.sha256(busybox + init)
     for n, data in mods:

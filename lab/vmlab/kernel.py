@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import lzma
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tarfile
@@ -27,12 +29,18 @@ CACHE = pathlib.Path(os.environ.get("VMLAB_CACHE", REPO / ".cache" / "vmlab"))
 BASE_MODULES = ("virtio_pci", "virtio_net", "9pnet_virtio", "9p", "overlay")
 RDMA_MODULES = ("crc32_generic", "crc32c_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm",
                 "ib_umad")
+# Gone where the providers call the crc32 library directly (rxe and siw since 6.15): loaded
+# where the kernel has them.
+OPTIONAL_MODULES = ("crc32_generic", "crc32c_generic")
 # In-guest wire faults (rdmalab.nft): nf_tables carries the payload, counter and cmp
 # expressions and the inet family in Debian's build.
 NFT_MODULES = ("nf_tables",)
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
              "siw_verbs.o")
 
+# Config options that only say the kernel's compiler has a flag (init/Kconfig CC_HAS_*); with
+# this machine's gcc 12 they are turned off on make's command line for an out-of-tree build.
+COMPILER_ONLY_OPTIONS = ("CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT",)
 STEP_TIMEOUT_S = 600  # deadline for any one download, unpack or build step
 
 
@@ -44,15 +52,24 @@ class KernelError(RuntimeError):
 class Kernel:
     release: str            # e.g. 6.1.0-56-amd64
     root: pathlib.Path      # dpkg -x of image + headers + kbuild
-    siw_ko: pathlib.Path
+    siw_ko: pathlib.Path | None  # None: not built (only rxe asked for)
+
+    suite: str = "bookworm"  # the Debian suite it came from
 
     @property
-    def vmlinuz(self) -> pathlib.Path:
-        return self.root / "boot" / f"vmlinuz-{self.release}"
+    def vmlinuz(self) -> pathlib.Path:  # Debian 12's layout, or 13's split packages'
+        return _find(self.root, (f"boot/vmlinuz-{self.release}",
+                                 f"usr/lib/modules/{self.release}/vmlinuz"), "vmlinuz")
 
     @property
     def moddir(self) -> pathlib.Path:
-        return self.root / "lib" / "modules" / self.release
+        return _find(self.root, (f"lib/modules/{self.release}",
+                                 f"usr/lib/modules/{self.release}"), "the modules folder")
+
+    @property
+    def config(self) -> pathlib.Path:
+        return _find(self.root, (f"boot/config-{self.release}",
+                                 f"usr/lib/modules/{self.release}/config"), "the kernel config")
 
 
 def _run(argv: list[str], cwd: pathlib.Path | None = None) -> str:
@@ -66,29 +83,99 @@ def _run(argv: list[str], cwd: pathlib.Path | None = None) -> str:
     return res.stdout
 
 
-def current_release() -> str:
-    """The release the meta package linux-image-amd64 names, or the one already cached."""
-    env = os.environ.get("VMLAB_KERNEL")
-    if env:
-        return env
-    cached = sorted(CACHE.glob("kernel-*/.done"))
-    if cached:
-        return cached[-1].parent.name.removeprefix("kernel-")
-    out = _run(["apt-cache", "depends", "linux-image-amd64"])
+# The kernels --kernel names: Debian suites (their linux-image-amd64), or a release such as
+# 6.12.117+deb13-amd64 found in one of them. bookworm is this machine's own suite: its apt
+# configuration is used as it is; every other suite gets a private sources list and lists
+# folder under the cache (apt-get -o Dir::Etc::sourcelist=...), never the machine's.
+DEFAULT_KERNEL = "bookworm"
+SUITES = ("bookworm", "bookworm-backports", "trixie", "sid")
+MIRROR = os.environ.get("RDMALAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+def kernel_choice(spec: str | None = None) -> str:
+    """--kernel's value: the argument, else RDMALAB_VM_KERNEL, else VMLAB_KERNEL (a release,
+    the older spelling), else bookworm."""
+    return (spec or os.environ.get("RDMALAB_VM_KERNEL") or os.environ.get("VMLAB_KERNEL")
+            or DEFAULT_KERNEL).strip()
+
+
+def _apt_options(suite: str) -> list[str]:
+    """apt-get/apt-cache options for suite: none for the machine's own (bookworm), else a
+    private sources list, lists and cache folder (updated on first use)."""
+    if suite == "bookworm":
+        return []
+    d = CACHE / "apt" / suite
+    opts = ["-o", f"Dir::Etc::sourcelist={d / 'sources.list'}", "-o", "Dir::Etc::sourceparts=-",
+            "-o", f"Dir::State::Lists={d / 'lists'}", "-o", f"Dir::Cache={d / 'cache'}",
+            "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root"]
+    if not (d / ".updated").exists():
+        (d / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        (d / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+        (d / "sources.list").write_text(f"deb {MIRROR} {suite} main\n")
+        _run(["apt-get", *opts, "-q", "update"])
+        (d / ".updated").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    return opts
+
+
+def _depends(pkg: str, opts: list[str]) -> list[str]:
+    """pkg's direct Depends (first of each alternative group only)."""
+    out = _run(["apt-cache", *opts, "depends", pkg])
+    deps = []
     for line in out.splitlines():
-        word = line.split(":")[-1].strip()
-        if line.strip().startswith("Depends:") and word.startswith("linux-image-"):
-            return word.removeprefix("linux-image-")
-    raise KernelError("apt-cache depends linux-image-amd64 names no linux-image-<release>")
+        s = line.strip()
+        if s.startswith("Depends:"):
+            deps.append(s.split(":", 1)[1].strip().strip("<>"))
+    return deps
 
 
-def _download(packages: Iterable[str], into: pathlib.Path) -> list[pathlib.Path]:
+def _has_package(pkg: str, opts: list[str]) -> bool:
+    res = subprocess.run(["apt-cache", *opts, "show", "--no-all-versions", pkg],
+                         capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+    return res.returncode == 0 and "Package:" in res.stdout
+
+
+def resolve(spec: str | None = None) -> tuple[str, str]:
+    """(release, suite) for a --kernel value: a suite's current linux-image-amd64, or a
+    release looked up in the suites in order. Remembered per suite under the cache, so that a
+    suite's kernel does not change under a run (prepare --refresh forgets it)."""
+    spec = kernel_choice(spec)
+    if spec in SUITES:
+        memo = CACHE / "apt" / f"{spec}.release"
+        if memo.exists():
+            return memo.read_text().strip(), spec
+        release = ""
+        if not release:
+            for dep in _depends("linux-image-amd64", _apt_options(spec)):
+                if dep.startswith("linux-image-") and dep != "linux-image-amd64":
+                    release = dep.removeprefix("linux-image-")
+                    break
+        if not release:
+            raise KernelError(f"--kernel {spec}: linux-image-amd64 of {spec} names no "
+                              "linux-image-<release>")
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(release + "\n")
+        return release, spec
+    if not re.fullmatch(r"[0-9]+\.[0-9]+[0-9A-Za-z.+~-]*-amd64", spec):
+        raise KernelError(f"--kernel {spec!r}: a Debian suite ({', '.join(SUITES)}) or a "
+                          "Debian kernel release such as 6.1.0-56-amd64 or "
+                          "6.12.117+deb13-amd64")
+    if (CACHE / f"kernel-{spec}" / ".done").exists():
+        return spec, (CACHE / f"kernel-{spec}" / ".suite").read_text().strip()
+    for suite in SUITES:
+        if _has_package(f"linux-image-{spec}", _apt_options(suite)):
+            return spec, suite
+    raise KernelError(f"--kernel {spec}: no linux-image-{spec} in Debian's "
+                      f"{', '.join(SUITES)} ({MIRROR})")
+
+
+def _download(packages: Iterable[str], into: pathlib.Path,
+              opts: list[str] | None = None) -> list[pathlib.Path]:
     into.mkdir(parents=True, exist_ok=True)
     debs = []
     for pkg in packages:
         found = sorted(into.glob(f"{pkg}_*.deb"))
         if not found:
-            _run(["apt-get", "download", "-q", pkg], cwd=into)
+            _run(["apt-get", *(opts or []), "download", "-q", pkg], cwd=into)
             found = sorted(into.glob(f"{pkg}_*.deb"))
         if not found:
             raise KernelError(f"apt-get download {pkg} left no .deb in {into}")
@@ -96,34 +183,65 @@ def _download(packages: Iterable[str], into: pathlib.Path) -> list[pathlib.Path]
     return debs
 
 
-def _unpack_kernel(release: str) -> pathlib.Path:
-    root = CACHE / f"kernel-{release}"
-    if (root / ".done").exists():
-        return root
+def _closure(start: str, release: str, opts: list[str]) -> list[str]:
+    """start and the kernel packages it depends on: linux-(image|binary|modules|base|headers|
+    kbuild)-* that name this release or its ABI (Debian 13 splits the image into binary,
+    modules and base; 6.1's headers name their kbuild by major only)."""
     flavour = release.split("-")[-1]
     abi = release.removesuffix(f"-{flavour}")
     major = ".".join(abi.split(".")[:2])
-    debs = _download([f"linux-image-{release}", f"linux-headers-{release}",
-                      f"linux-headers-{abi}-common", f"linux-kbuild-{major}"], CACHE / "debs")
+    keep = re.compile(r"linux-(image|binary|modules|base|headers|kbuild)-")
+    seen, queue = [start], [start]
+    while queue:
+        for dep in _depends(queue.pop(0), opts):
+            if dep in seen or not keep.match(dep) or "unsigned" in dep:
+                continue
+            if dep.startswith("linux-image-") and not start.startswith("linux-image-"):
+                continue  # the headers' dependency on an image: fetched by itself
+            if abi in dep or dep == f"linux-kbuild-{major}":
+                seen.append(dep)
+                queue.append(dep)
+    return seen
+
+
+def _unpack_kernel(release: str, suite: str) -> pathlib.Path:
+    root = CACHE / f"kernel-{release}"
+    if (root / ".done").exists():
+        return root
+    opts = _apt_options(suite)
+    pkgs = _closure(f"linux-image-{release}", release, opts)
+    pkgs += [p for p in _closure(f"linux-headers-{release}", release, opts) if p not in pkgs]
+    debs = _download(pkgs, CACHE / "debs", opts)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for deb in debs:
         _run(["dpkg", "-x", str(deb), str(root)])
-    # The flavour's Makefile includes the common one by its absolute /usr/src path.
-    headers = root / "usr" / "src" / f"linux-headers-{release}"
-    common = root / "usr" / "src" / f"linux-headers-{abi}-common" / "Makefile"
-    (headers / "Makefile").write_text(f"include {common}\n")
+    # The headers' Makefiles include each other by absolute /usr/src paths: point them into
+    # the unpacked tree.
+    for mk in (root / "usr" / "src").glob("linux-headers-*/Makefile"):
+        text = mk.read_text()
+        fixed = re.sub(r"(?<=[\s=])/usr/src/", f"{root}/usr/src/", text)
+        if fixed != text:
+            mk.write_text(fixed)
+    (root / ".suite").write_text(suite + "\n")
     (root / ".done").write_text(release + "\n")
     return root
 
 
-def _build_siw(release: str, root: pathlib.Path) -> pathlib.Path:
+def _find(root: pathlib.Path, candidates: Iterable[str], what: str) -> pathlib.Path:
+    for c in candidates:
+        if (root / c).exists():
+            return root / c
+    raise KernelError(f"{what} not found under {root} (looked for {', '.join(candidates)})")
+
+
+def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
     out = CACHE / f"siw-{release}"
     ko = out / "siw.ko"
     if (out / ".done").exists() and ko.exists():
         return ko
     major = ".".join(release.split(".")[:2])
-    (deb,) = _download([f"linux-source-{major}"], CACHE / "debs")
+    (deb,) = _download([f"linux-source-{major}"], CACHE / "debs", _apt_options(suite))
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     member = f"./usr/src/linux-source-{major}.tar.xz"
@@ -149,7 +267,7 @@ def _build_siw(release: str, root: pathlib.Path) -> pathlib.Path:
         proc.wait(timeout=STEP_TIMEOUT_S)
     (out / "Kbuild").write_text(f"obj-m += siw.o\nsiw-y := {SIW_FILES}\n")
     headers = root / "usr" / "src" / f"linux-headers-{release}"
-    _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2"])
+    _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2", *_compiler(root)])
     if not ko.exists():
         raise KernelError(f"kbuild left no {ko}")
     (out / ".done").write_text(release + "\n")
@@ -176,12 +294,54 @@ def cache_lock(deadline_s: float = 2 * STEP_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure(release: str | None = None) -> Kernel:
-    """Fetch, unpack and build what the guest needs; reuses the cache when it is complete."""
+def _compiler(root: pathlib.Path) -> list[str]:
+    """make arguments for the compiler: the kernel's own (gcc-14 for Debian 13's, gcc-16 for
+    sid's) where this machine has it, else this machine's gcc, which kbuild accepts for an
+    out-of-tree module; the flags the newer compiler's config enabled that the older one
+    lacks are reported by make itself."""
+    m = re.search(r'^CONFIG_CC_VERSION_TEXT="(\S+)', (root_config(root)).read_text(), re.M)
+    if m and shutil.which(m.group(1)):
+        return []
+    # Off: options the kernel's config turned on because its newer compiler has a flag this
+    # one lacks (kbuild then falls back to the older flag: -falign-functions). The newer
+    # kernel's objtool is linked against a newer glibc (2.38) than this machine's and cannot
+    # run here: the module is built without objtool's metadata (ORC unwind entries, mcount
+    # and return-thunk sites), which a TCG guest without CET or call-depth tracking does
+    # not use; stack traces through siw are then the frame-pointer-less guesses.
+    objtool = root_config(root).parent / "tools" / "objtool" / "objtool"
+    runs = objtool.exists() and b"GLIBC_" not in subprocess.run(  # Debian's is a wrapper
+        [str(objtool), "--help"], capture_output=True, timeout=30,
+        env=dict(os.environ, SRCARCH="x86")).stderr
+    return ["CC=gcc", *(f"{o}=" for o in COMPILER_ONLY_OPTIONS),
+            *([] if runs else ["objtool=true"])]
+
+
+def root_config(root: pathlib.Path) -> pathlib.Path:
+    (headers,) = [h for h in (root / "usr" / "src").glob("linux-headers-*")
+                  if (h / ".config").exists()]
+    return headers / ".config"
+
+
+def _config_has(kernel_root: pathlib.Path, release: str, option: str) -> bool:
+    k = Kernel(release, kernel_root, None)
+    return f"\n{option}=" in "\n" + k.config.read_text()
+
+
+def ensure(spec: str | None = None, siw: bool = True) -> Kernel:
+    """Fetch, unpack and build what the guest needs for --kernel spec (a suite or a release;
+    None: kernel_choice()); reuses the cache when it is complete. siw=False: siw.ko only if
+    it is there already (a lab of rxe guests does not wait for its build)."""
     with cache_lock():
-        release = release or current_release()
-        root = _unpack_kernel(release)
-        return Kernel(release=release, root=root, siw_ko=_build_siw(release, root))
+        release, suite = resolve(spec)
+        root = _unpack_kernel(release, suite)
+        ko: pathlib.Path | None
+        if _config_has(root, release, "CONFIG_RDMA_SIW"):  # Debian built it: use theirs
+            ko = module_index(Kernel(release, root, None).moddir)["siw"]
+        elif siw or (CACHE / f"siw-{release}" / ".done").exists():
+            ko = _build_siw(release, root, suite)
+        else:
+            ko = None
+        return Kernel(release=release, root=root, siw_ko=ko, suite=suite)
 
 
 # ---- module dependencies -------------------------------------------------------------
@@ -191,8 +351,26 @@ def _norm(name: str) -> str:
 
 
 def module_index(moddir: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Module name -> .ko path, read from the tree (the unpacked package has no modules.dep)."""
-    return {_norm(p.name.removesuffix(".ko")): p for p in moddir.rglob("*.ko")}
+    """Module name -> .ko (or .ko.xz, Debian 13 on) path, read from the tree (the unpacked
+    package has no modules.dep)."""
+    return {_norm(p.name.split(".ko")[0]): p for p in moddir.rglob("*.ko*")
+            if p.name.endswith((".ko", ".ko.xz"))}
+
+
+def module_bytes(path: pathlib.Path) -> bytes:
+    """A module's ELF image: busybox's insmod hands the file to init_module as it is, so a
+    compressed module is unpacked here."""
+    data = path.read_bytes()
+    return lzma.decompress(data) if path.name.endswith(".xz") else data
+
+
+def builtin_modules(moddir: pathlib.Path) -> set[str]:
+    """Modules this kernel has built in (modules.builtin: kernel/.../name.ko per line)."""
+    try:
+        lines = (moddir / "modules.builtin").read_text().split()
+    except FileNotFoundError:
+        return set()
+    return {_norm(pathlib.PurePath(l).name.split(".ko")[0]) for l in lines}
 
 
 def module_depends(path: pathlib.Path) -> list[str]:
@@ -222,14 +400,21 @@ def load_order(wanted: Iterable[str], depends: Callable[[str], list[str]]) -> li
 
 
 def guest_modules(kernel: Kernel) -> list[tuple[str, pathlib.Path]]:
-    """(name, path) for every module the guest loads, in load order (siw last)."""
+    """(name, path) for every module the guest loads, in load order (siw last, where built)."""
     index = module_index(kernel.moddir)
-    index["siw"] = kernel.siw_ko
+    extra: tuple[str, ...] = ()
+    if kernel.siw_ko is not None:
+        index["siw"] = kernel.siw_ko
+        extra = ("siw",)
+
+    builtin = builtin_modules(kernel.moddir)
 
     def depends(name: str) -> list[str]:
         if name not in index:
             raise KernelError(f"module {name} is not in {kernel.moddir}")
-        return module_depends(index[name])
+        return [d for d in module_depends(index[name]) if d not in builtin]
 
-    names = load_order(BASE_MODULES + RDMA_MODULES + NFT_MODULES + ("siw",), depends)
+    wanted = [m for m in BASE_MODULES + RDMA_MODULES + NFT_MODULES + extra
+              if m not in builtin and (m in index or m not in OPTIONAL_MODULES)]
+    names = load_order(wanted, depends)
     return [(n, index[n]) for n in names]

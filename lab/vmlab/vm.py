@@ -306,12 +306,14 @@ class Lab:
                  workdir: pathlib.Path | None = None, pcap: bool = True,
                  sshd: bool = True, seed: int = 1,
                  hide: list[pathlib.Path] | None = None,
-                 sysctl: dict[str, str] | None = None) -> None:
+                 sysctl: dict[str, str] | None = None, kernel: str | None = None) -> None:
         # sysctl None: RDMALAB_VM_SYSCTL's ("NAME=VALUE ..."), so that `make test-vm` sets the
         # guests of every lab its scenarios boot; unset, the kernel's defaults.
         if sysctl is None:
             sysctl = parse_sysctl(os.environ.get("RDMALAB_VM_SYSCTL", ""))
-        self.kernel = kernel_mod.ensure()
+        # kernel: --kernel's value (a Debian suite or release); None: RDMALAB_VM_KERNEL's, else
+        # bookworm. siw.ko is built only for a lab that uses it.
+        self.kernel = kernel_mod.ensure(kernel, siw=rdma == "siw")
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
         if workdir is None:
