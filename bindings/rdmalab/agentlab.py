@@ -82,6 +82,7 @@ class AgentPool:
         self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
         self.leaks: list[str] = []  # what health checks after a lab found left behind
         self._installed: dict[str, object] = {}  # machine name -> lab.deploy.Installed
+        self.kernels: dict[str, str] = {}  # machine name -> `uname -r` at its agent's start
         try:
             for m in self.machines:  # inventory_pool health-checked them as it chose them
                 self.agents.append(self.start_agent(m))
@@ -146,7 +147,9 @@ class AgentPool:
                                            log=self.log)
                 self._installed[machine.name] = inst
                 channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
-            return Agent.start(gw, machine.name, channel=channel)
+            agent = Agent.start(gw, machine.name, channel=channel)
+            self.kernels[machine.name] = machine.run("uname -r", 30).out.strip()
+            return agent
         except BaseException:
             gw.exit()
             raise
@@ -866,7 +869,8 @@ class AgentLab:
         self._lock = threading.RLock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
-                    machines={n: m.name for n, m in self._machines.items()}, healed=healed)
+                    machines={n: m.name for n, m in self._machines.items()}, healed=healed,
+                    kernels={n: pool.kernels.get(m.name, "") for n, m in self._machines.items()})
         self._stop_follow = threading.Event()
         self._follower = threading.Thread(target=self._follow_loop, daemon=True,
                                           name=f"follow-{self.description}")

@@ -1,4 +1,4 @@
-"""python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
+"""python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--kernel sid] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
 python3 -m rdmalab report DIR/junit.xml
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
 
@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                           'model). A VM lab that cannot run here falls back to the model, '
                           'saying why')
     run.add_argument("--vm-hosts", type=int, default=2, help="VMs in the VM lab (default 2)")
+    run.add_argument("--kernel", default=None, metavar="SUITE|RELEASE",
+                     help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
+                          "Debian release such as 6.12.117+deb13-amd64")
     run.add_argument("--seed", type=int, default=1, help="seed of every lab (default 1)")
     run.add_argument("--out", default="out", help="output directory (default out/)")
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
@@ -69,6 +72,8 @@ def pytest_command(args, extra: list[str]) -> list[str]:
            "-o", "junit_logging=no", "-rfEs"]
     if args.keyword:
         cmd += ["-k", args.keyword]
+    if getattr(args, "kernel", None):
+        cmd += ["--kernel", args.kernel]
     if args.timeout is not None:
         cmd += ["--rdmalab-timeout", str(args.timeout)]
     for option in ("metrics_listen", "metrics_push"):

@@ -253,6 +253,10 @@ def pytest_addoption(parser):
                          '"inventory:PATH" (the machines of a TOML inventory)')
     group.addoption("--vm-hosts", type=int, default=2,
                     help="hosts (VMs) in the VM lab (default 2)")
+    group.addoption("--kernel", default=None, metavar="SUITE|RELEASE",
+                    help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
+                         "Debian release such as 6.12.117+deb13-amd64 (also "
+                         "RDMALAB_VM_KERNEL)")
     group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
     group.addoption("--history-dir", default=None,
                     help="write one JSON-lines history per lab into this directory")
@@ -277,6 +281,8 @@ def pytest_configure(config):
         "unclassified divergence must fail with the entry's `raises` and is reported as the "
         "finding (strict xfail; passing there fails the run: update the entry); a provider "
         "fact must pass and is recorded (JUnit property provider_fact)")
+    if config.getoption("kernel"):  # read by lab.vmlab.kernel wherever a guest boots
+        os.environ["RDMALAB_VM_KERNEL"] = config.getoption("kernel")
     _VM_HOSTS[0] = config.getoption("vm_hosts")
     if _VM_HOSTS[0] < 1:
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
@@ -555,11 +561,12 @@ def pytest_runtest_makereport(item, call):
             device = f"? ({e})"
         try:
             provider = spec.caps().personality
+            kernel = spec.caps().kernel_release
         except Exception:
-            provider = ""
+            provider = kernel = ""
         item.user_properties += [("backend", spec.backend), ("personality", spec.personality),
                                  ("column", spec.id), ("provider", provider),
-                                 ("device", device), ("seed", seed),
+                                 ("device", device), ("kernel", kernel), ("seed", seed),
                                  ("outcome", final_outcome(phases))]
         if _ENTRY in item.stash:
             entry = item.stash[_ENTRY][0]

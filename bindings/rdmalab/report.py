@@ -37,8 +37,18 @@ def read_junit(path: str) -> list[Result]:
         if props.get("outcome") == "host_lost":
             outcome = "host_lost"
         scenario, column = split_name(case.get("classname", ""), case.get("name", ""), props)
+        column = kernel_column(column, props)
         results.append(Result(scenario, column, outcome, message, props))
     return results
+
+
+def kernel_column(column: str, props: dict) -> str:
+    """A device's column names its kernel ("vm-rxe" -> "vm-rxe@6.12.117+deb13"): results are
+    keyed by lab, device and kernel. The model's column stays as it is."""
+    kernel = props.get("kernel", "")
+    if not kernel or props.get("backend") in (None, "model") or "@" in column:
+        return column
+    return f"{column}@{kernel.removesuffix('-amd64')}"
 
 
 def split_name(classname: str, name: str, props: dict) -> tuple[str, str]:

@@ -35,6 +35,8 @@ OPTIONAL_MODULES = ("crc32_generic", "crc32c_generic")
 # In-guest wire faults (rdmalab.nft): nf_tables carries the payload, counter and cmp
 # expressions and the inet family in Debian's build.
 NFT_MODULES = ("nf_tables",)
+# The netns lab inside a guest (lab.netns): a veth pair per host into a bridge.
+NETNS_MODULES = ("veth", "bridge")
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
              "siw_verbs.o")
 
@@ -414,7 +416,7 @@ def guest_modules(kernel: Kernel) -> list[tuple[str, pathlib.Path]]:
             raise KernelError(f"module {name} is not in {kernel.moddir}")
         return [d for d in module_depends(index[name]) if d not in builtin]
 
-    wanted = [m for m in BASE_MODULES + RDMA_MODULES + NFT_MODULES + extra
+    wanted = [m for m in BASE_MODULES + RDMA_MODULES + NFT_MODULES + NETNS_MODULES + extra
               if m not in builtin and (m in index or m not in OPTIONAL_MODULES)]
     names = load_order(wanted, depends)
     return [(n, index[n]) for n in names]
