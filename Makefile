@@ -21,7 +21,8 @@ PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
         vmlab-deps vmlab test-vm fuzz test-fuzz bench \
-        build-module build-tsan test-tsan test-tsan-vm vmlab-prepare test-vm-rxe test-vm-siw
+        build-module build-tsan test-tsan test-tsan-vm vmlab-prepare test-vm-rxe test-vm-siw \
+        test-netns test-matrix
 
 all: build
 
@@ -193,6 +194,7 @@ VM_PYTEST  := RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTEST)
 
 vmlab-prepare: $(call needs,vmlab-deps)
 	$(VMLAB) prepare
+	$(VMLAB) --kernel $(NETNS_KERNEL) prepare --no-siw
 
 test-vm-rxe: $(call needs,build-module vmlab-prepare)
 	@rc=0; \
@@ -211,6 +213,26 @@ test-vm-siw: $(call needs,build-module vmlab-prepare)
 	@echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"
 	$(VM_PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
 	  --rdmalab-timeout 180 -rxXs
+
+# The netns lab (lab/netns.py): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
+# each. This machine's kernel has no rxe, so they live inside one guest booted with
+# NETNS_KERNEL (rxe works per network namespace since 7.1). Beside the model twin.
+NETNS_KERNEL ?= sid
+NETNS_HOSTS  ?= 2
+
+test-netns: $(call needs,build-module vmlab-prepare)
+	@echo "== scenarios on netns:rxe ($(NETNS_HOSTS) namespaces in one $(NETNS_KERNEL) guest)"
+	$(VM_PYTEST) tests/scenarios --lab model:roce --lab netns:rxe --kernel $(NETNS_KERNEL) \
+	  --vm-hosts $(NETNS_HOSTS) --rdmalab-timeout 180 -rxXs
+
+# The suite on each VM lab device (rxe, siw) and guest kernel (bookworm 6.1, trixie 6.12, sid
+# 7.2): out/matrix/matrix.md, the table README's "Kernel matrix" quotes (copy it there with
+# `python3 -m rdmalab matrix --table-only --out out/matrix --readme README.md`). Not in test.
+MATRIX_ARGS ?=
+
+test-matrix: build vmlab-deps
+	$(VMLAB) prepare
+	RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTHON) -m rdmalab matrix --out $(OUT)/matrix $(MATRIX_ARGS)
 
 test-vm: $(call needs,build-module vmlab-deps)
 	@rc=0; $(MAKE) --no-print-directory test-vm-rxe || rc=1; \

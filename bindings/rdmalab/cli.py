@@ -1,5 +1,6 @@
 """python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--kernel sid] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
 python3 -m rdmalab report DIR/junit.xml
+python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
@@ -154,6 +155,9 @@ def findings_command(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["matrix"]:  # its own parser (rdmalab.matrix)
+        from . import matrix
+        return matrix.main(argv[1:])
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")

@@ -2,7 +2,7 @@
 docs/semantics.md A). Scenarios derive their time bounds from these, on every backend, so a
 device that keeps other time shows up as a failed bound, not a silently wider one.
 
-    t = IbCmTiming.for_caps(ctx.caps)          # cma.c defaults: 20 / 15 / 18, the host's HZ
+    t = IbCmTiming.for_caps(ctx.caps)          # cma.c defaults: 20 / 15 / 18 (16 from 6.2), the host's HZ
     lo, hi = t.dreq_give_up_range_ns           # DISCONNECTED(-ETIMEDOUT) after every DREP lost
     t.dreq_give_up_ns                          # hi: the latest it may come
 
@@ -55,16 +55,29 @@ def cm_ack_timeout(ca_ack_delay: int, packet_life_time: int) -> int:
     return min(31, ack_timeout)
 
 
+def iboe_packet_life_time(kernel_release: str) -> int:
+    """cma.c's CMA_IBOE_PACKET_LIFETIME, the packet life time rdma_cm gives a RoCE path: 18
+    up to 6.1 (Debian's 6.1.192), 16 from 6.2 on ("infiniband:cma: change iboe packet life
+    time from 18 to 16", applied to rdma for-next 2022-12-07; 16 in Debian's 6.12.117 and
+    7.2.13). It sets the CM REQ/DREQ timeout (2 * life + response) and TIMEWAIT (life + 1):
+    6144 / 2048 ms on 6.1, 4608 / 512 ms from 6.2. Unknown release: 6.1's."""
+    from .findings import release_version
+    version = release_version(kernel_release)
+    return 16 if version is not None and version >= (6, 2) else 18
+
+
 @dataclasses.dataclass(frozen=True)
 class IbCmTiming:
     cm_response_timeout: int = 20  # CMA_CM_RESPONSE_TIMEOUT
     max_cm_retries: int = 15       # CMA_MAX_CM_RETRIES
-    packet_life_time: int = 18     # CMA_IBOE_PACKET_LIFETIME (6.1.192 cma.c; 16 in 7.2.13)
+    packet_life_time: int = 18     # CMA_IBOE_PACKET_LIFETIME: iboe_packet_life_time()
     local_ca_ack_delay: int = 16   # ibv_device_attr.local_ca_ack_delay of both ends
     kernel_hz: int = 250           # the host's CONFIG_HZ (Debian amd64); 0 = unknown
 
     @classmethod
     def for_caps(cls, caps, **overrides) -> "IbCmTiming":
+        overrides.setdefault("packet_life_time",
+                             iboe_packet_life_time(getattr(caps, "kernel_release", "")))
         return cls(local_ca_ack_delay=caps.local_ca_ack_delay,
                    kernel_hz=getattr(caps, "kernel_hz", 0), **overrides)
 

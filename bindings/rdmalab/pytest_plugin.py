@@ -54,6 +54,7 @@ _LABS = pytest.StashKey[list]()  # the labs a test's fixtures made
 _ENTRY = pytest.StashKey[tuple]()  # (registry entry, lab key) of a @finding that applies here
 _RESULTS = pytest.StashKey[list]()  # report.Result per test and column, for the agreement
 _REGISTRY = pytest.StashKey[findings.Registry]()
+_FIXED = pytest.StashKey[str]()  # a registry entry that this lab's kernel has fixed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,6 +441,9 @@ def pytest_collection_modifyitems(config, items):
         for mark in item.iter_markers("finding"):
             found = finding_on(mark, spec, registry(config))
             if found is None:
+                entry = finding_entry(mark, registry(config))
+                if LAB_KINDS[spec.backend].finding_key(spec.caps()) in entry.keys:
+                    item.stash[_FIXED] = entry.id  # fixed in this kernel: it must pass
                 continue
             entry, key = found
             if _ENTRY in item.stash:
@@ -572,6 +576,8 @@ def pytest_runtest_makereport(item, call):
             entry = item.stash[_ENTRY][0]
             item.user_properties.append(
                 ("finding" if entry.xfails else "provider_fact", entry.id))
+        if _FIXED in item.stash:
+            item.user_properties.append(("finding_fixed", item.stash[_FIXED]))
         if phases.get("xfail") == "xpassed":
             item.user_properties.append(("xpassed", "true"))
         rep.user_properties = list(item.user_properties)

@@ -75,3 +75,22 @@ def test_syn_give_up_runs_on_the_wheel():
     lo, hi = tcp_syn_give_up_range_ns(6, 250)
     assert lo == sec(127) + 7
     assert hi == sec(127) + ms(4928)
+
+
+def test_roce_packet_life_time_follows_the_kernel_release():
+    """cma.c's CMA_IBOE_PACKET_LIFETIME went from 18 to 16 in 6.2: TIMEWAIT on RoCE is 2048 ms
+    on bookworm's 6.1 and 512 ms on trixie's 6.12 and sid's 7.2 (measured on rxe: 543 ms)."""
+    from rdmalab.cm_timing import IbCmTiming, iboe_packet_life_time
+
+    assert iboe_packet_life_time("6.1.0-56-amd64") == 18
+    assert iboe_packet_life_time("6.12.117+deb13-amd64") == 16
+    assert iboe_packet_life_time("7.2.13+deb14-amd64") == 16
+    assert iboe_packet_life_time("") == 18
+
+    class Caps:
+        local_ca_ack_delay, kernel_hz = 15, 250
+
+    for release, timewait, req in (("6.1.0-56-amd64", 2048, 6144), ("7.2.13+deb14-amd64", 512, 4608)):
+        Caps.kernel_release = release
+        t = IbCmTiming.for_caps(Caps())
+        assert (t.timewait_ms, t.active_timeout_ms) == (timewait, req)
