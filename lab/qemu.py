@@ -119,9 +119,10 @@ def _tar_copy(ssh: list[str], name: str, local: str, remote: str, timeout: float
 class VmMachines:
     """The VM lab's guests as machines: boots N guests on the fault switch (a vmlab Lab)."""
 
-    def __init__(self, n: int, rdma: str, boot_deadline_s: float = 180.0):
+    def __init__(self, n: int, rdma: str, boot_deadline_s: float = 180.0, *,
+                 kernel: Optional[str] = None, memory_mb: int = 512, cpus: int = 1):
         self.rdma = rdma
-        self.vmlab = vm_mod.Lab(n, rdma=rdma)
+        self.vmlab = vm_mod.Lab(n, rdma=rdma, kernel=kernel, memory_mb=memory_mb, cpus=cpus)
         self.machines = [QemuMachine(vm, self.vmlab.ssh_config, rdma) for vm in self.vmlab.vms]
         t0 = time.monotonic()
         try:

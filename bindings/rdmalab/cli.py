@@ -35,10 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run scenarios and print the result table")
     run.add_argument("--lab", action="append", default=None,
-                     help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw" (default '
+                     help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw", '
+                          '"netns:rxe" (hosts as network namespaces), "inventory:PATH" (default '
                           'model). A VM lab that cannot run here falls back to the model, '
                           'saying why')
-    run.add_argument("--vm-hosts", type=int, default=2, help="VMs in the VM lab (default 2)")
+    run.add_argument("--vm-hosts", type=int, default=2,
+                     help="hosts of the VM or netns lab (default 2)")
     run.add_argument("--kernel", default=None, metavar="SUITE|RELEASE",
                      help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
                           "Debian release such as 6.12.117+deb13-amd64")

@@ -5,8 +5,10 @@ Load it with `-p rdmalab.pytest_plugin` or `pytest_plugins = ["rdmalab.pytest_pl
 Options:
   --lab SPEC           "model" (every model personality), "model:ib" or "model:ib,roce";
                        "vm" / "vm:rxe" / "vm:siw" / "vm:rxe,siw": the soft-RoCE VM lab;
-                       repeatable (--lab model:roce --lab vm:rxe: both, side by side)
-  --vm-hosts N         VMs in the VM lab (default 2)
+                       "netns:rxe": hosts as network namespaces on one kernel (lab/netns.py);
+                       "inventory:PATH": the machines of a TOML inventory; repeatable (--lab model:roce --lab vm:rxe: both, side by side)
+  --vm-hosts N         hosts of the VM or netns lab (default 2)
+  --kernel K           the guests' kernel: bookworm (default), trixie, sid or a Debian release
   --seed N             seed of every lab (default 1); failures print how to replay
   --history-dir DIR    one JSON-lines history per lab, named after the test id
   --rdmalab-timeout S  wall-clock safety net per test (default 300 s; 0 = off)
@@ -171,6 +173,29 @@ class VmKind(AgentKind):
         return [LabSpec("vm", n) for n in wanted]
 
 
+class NetnsKind(AgentKind):
+    """--lab netns[:rxe,siw]: hosts as network namespaces on one kernel (lab/netns.py), on
+    this machine's kernel where it can, else in one guest booted with one that can."""
+
+    @staticmethod
+    def pool(agentlab, spec: LabSpec):
+        return agentlab.netns_pool(_VM_HOSTS[0], spec.personality)
+
+    @staticmethod
+    def label(device: str) -> str:
+        return device
+
+    @staticmethod
+    def parse(text: str, names: str) -> list[LabSpec]:
+        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
+        unknown = [n for n in wanted if n not in VM_DEVICES]
+        if unknown:
+            raise pytest.UsageError(f"--lab {text!r}: unknown netns lab device "
+                                    f"{', '.join(unknown)}; netns lab devices: "
+                                    f"{', '.join(VM_DEVICES)}")
+        return [LabSpec("netns", n) for n in wanted]
+
+
 class InventoryKind(AgentKind):
     """--lab inventory:PATH: the machines of a TOML inventory (lab/inventory.py)."""
 
@@ -192,7 +217,7 @@ class InventoryKind(AgentKind):
         return [LabSpec("inventory", path)]
 
 
-LAB_KINDS = {"model": ModelKind, "vm": VmKind, "inventory": InventoryKind}
+LAB_KINDS = {"model": ModelKind, "vm": VmKind, "netns": NetnsKind, "inventory": InventoryKind}
 VM_DEVICES = ("rxe", "siw")
 _POOLS: dict = {}
 _VM_HOSTS = [2]
@@ -230,7 +255,8 @@ def parse_lab_options(texts) -> list[LabSpec]:
 
 def parse_lab_option(text: str) -> list[LabSpec]:
     """"model" -> every model personality; "model:ib,roce" -> those; "vm" = "vm:rxe";
-    "vm:rxe,siw" -> the VM lab with each device; "inventory:PATH" -> the inventory's hosts."""
+    "vm:rxe,siw" -> the VM lab with each device; "netns:rxe" -> the netns lab;
+    "inventory:PATH" -> the inventory's hosts."""
     kind, _, rest = text.partition(":")
     if kind not in LAB_KINDS:
         raise pytest.UsageError(f"--lab {text!r}: unknown lab {kind!r}; available: "
@@ -251,6 +277,7 @@ def pytest_addoption(parser):
     group.addoption("--lab", action="append", default=None,
                     help='labs to run on, repeatable: "model" (every personality), '
                          '"model:ib,roce", "vm" or "vm:rxe,siw" (the soft-RoCE VM lab), '
+                         '"netns:rxe" (hosts as network namespaces on one kernel), '
                          '"inventory:PATH" (the machines of a TOML inventory)')
     group.addoption("--vm-hosts", type=int, default=2,
                     help="hosts (VMs) in the VM lab (default 2)")

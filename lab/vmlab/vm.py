@@ -306,7 +306,8 @@ class Lab:
                  workdir: pathlib.Path | None = None, pcap: bool = True,
                  sshd: bool = True, seed: int = 1,
                  hide: list[pathlib.Path] | None = None,
-                 sysctl: dict[str, str] | None = None, kernel: str | None = None) -> None:
+                 sysctl: dict[str, str] | None = None, kernel: str | None = None,
+                 cpus: int = 1) -> None:
         # sysctl None: RDMALAB_VM_SYSCTL's ("NAME=VALUE ..."), so that `make test-vm` sets the
         # guests of every lab its scenarios boot; unset, the kernel's defaults.
         if sysctl is None:
@@ -324,7 +325,7 @@ class Lab:
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
         self.switch_sock = self.workdir / "sw.sock"
-        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, ssh_keys=keys, hide=list(hide or []),
+        self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, cpus, ssh_keys=keys, hide=list(hide or []),
                            sysctl=dict(sysctl)),
                        self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd)
                     for i in range(n)]
