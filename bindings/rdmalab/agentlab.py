@@ -148,6 +148,8 @@ class AgentPool:
                 self._installed[machine.name] = inst
                 channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
             agent = Agent.start(gw, machine.name, channel=channel)
+            if machine.facts.device:  # the host's own device, where the kernel lists more
+                agent.module("os").environ["RDMALAB_DEVICES"] = machine.facts.device
             self.kernels[machine.name] = machine.run("uname -r", 30).out.strip()
             return agent
         except BaseException:

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "verbs/cm.h"
 #include "verbs/context.h"
@@ -12,18 +14,48 @@ namespace rdmalab::verbs {
 
 namespace {
 constexpr const char* kNoDevice = "no RDMA device (ibv_get_device_list is empty)";
+
+// RDMALAB_DEVICES: the devices of this host, comma-separated, where hosts share one kernel's
+// device list (the netns lab: every namespace sees every rxe device) or a machine has more
+// devices than the lab's (an inventory's `device`). Unset or empty: every device.
+std::vector<std::string> allowed_devices() {
+  std::vector<std::string> names;
+  const char* env = std::getenv("RDMALAB_DEVICES");
+  std::string_view rest = env == nullptr ? "" : env;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    if (!name.empty()) names.emplace_back(name);
+    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  }
+  return names;
 }
+
+bool allowed(const std::vector<std::string>& names, const char* device) {
+  return names.empty() || std::find(names.begin(), names.end(), device) != names.end();
+}
+}  // namespace
 
 std::shared_ptr<VerbsContext> open_local_device(const std::string& device_name, History* history,
                                                 const std::string& host) {
   int n = 0;
   DeviceList list = get_device_list(&n);
   if (n == 0) throw Error("ibv_open_device", ENODEV, kNoDevice);
+  const std::vector<std::string> mine = allowed_devices();
   for (int i = 0; i < n; ++i) {
     ibv_device* dev = list.get()[i];
-    if (device_name.empty() || device_name == ibv_get_device_name(dev)) {
+    const char* name = ibv_get_device_name(dev);
+    if ((device_name.empty() || device_name == name) && allowed(mine, name)) {
       return std::make_shared<VerbsContext>(dev, history, host);
     }
+  }
+  if (!mine.empty()) {
+    std::string list_text;
+    for (const auto& m : mine) list_text += (list_text.empty() ? "" : ",") + m;
+    throw Error("ibv_open_device", ENODEV,
+                (device_name.empty() ? std::string("no RDMA device")
+                                     : "no RDMA device named " + device_name) +
+                    " among this host's (RDMALAB_DEVICES=" + list_text + ")");
   }
   throw Error("ibv_open_device", ENODEV, "no RDMA device named " + device_name);
 }
@@ -93,9 +125,13 @@ LocalHost::LocalHost(History* history, std::string name)
 std::vector<std::string> LocalHost::device_names() const {
   int n = 0;
   DeviceList list = get_device_list(&n);
+  const std::vector<std::string> mine = allowed_devices();
   std::vector<std::string> names;
   names.reserve(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) names.emplace_back(ibv_get_device_name(list.get()[i]));
+  for (int i = 0; i < n; ++i) {
+    const char* name = ibv_get_device_name(list.get()[i]);
+    if (allowed(mine, name)) names.emplace_back(name);
+  }
   return names;
 }
 

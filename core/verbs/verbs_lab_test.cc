@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "rdmalab/error.h"
 #include "verbs/context.h"
@@ -106,6 +109,28 @@ TEST(VerbsDevice, CapsAndPort) {
   EXPECT_GT(caps.max_qp, 0u);
   auto ctx = host->create_process("p")->open_device("");
   EXPECT_NE(ctx->query_port(1), PortState::INIT);  // any real state but the transient one
+}
+
+// RDMALAB_DEVICES names a host's own devices where one kernel lists several hosts' (the netns
+// lab): the others are neither listed nor opened.
+TEST(VerbsDevice, OnlyTheHostsOwnDevices) {
+  RDMALAB_REQUIRE_DEVICE();
+  VerbsLab lab(1);
+  auto host = lab.host("local");
+  const std::string first = host->device_names().at(0);
+  ::setenv("RDMALAB_DEVICES", "nosuchdev0", 1);
+  EXPECT_TRUE(host->device_names().empty());
+  try {
+    host->create_process("p")->open_device("");
+    ADD_FAILURE() << "opened a device RDMALAB_DEVICES does not name";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), ENODEV);
+    EXPECT_NE(e.detail().find("RDMALAB_DEVICES=nosuchdev0"), std::string::npos) << e.detail();
+  }
+  ::setenv("RDMALAB_DEVICES", (",," + first + ",other").c_str(), 1);
+  EXPECT_EQ(host->device_names(), std::vector<std::string>{first});
+  EXPECT_EQ(host->create_process("q")->open_device("")->caps().name, first);
+  ::unsetenv("RDMALAB_DEVICES");
 }
 
 TEST(VerbsDevice, ObjectsAfterCloseAreEbadf) {
