@@ -40,9 +40,6 @@ NETNS_MODULES = ("veth", "bridge")
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
              "siw_verbs.o")
 
-# Config options that only say the kernel's compiler has a flag (init/Kconfig CC_HAS_*); with
-# this machine's gcc 12 they are turned off on make's command line for an out-of-tree build.
-COMPILER_ONLY_OPTIONS = ("CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT",)
 STEP_TIMEOUT_S = 600  # deadline for any one download, unpack or build step
 
 
@@ -250,6 +247,7 @@ def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
     prefix = f"linux-source-{major}/drivers/infiniband/sw/siw/"
     # Stream: the .deb holds a 140 MB tar.xz of the whole tree; only siw/ is kept.
     # dpkg-deb gets SIGPIPE when the loop stops early: expected, so its stderr is dropped.
+    end = time.monotonic() + STEP_TIMEOUT_S
     with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
@@ -261,19 +259,136 @@ def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
                 assert src is not None
                 with tarfile.open(fileobj=src, mode="r|xz") as inner:
                     for m in inner:
+                        if time.monotonic() > end:
+                            proc.kill()
+                            raise KernelError(f"siw sources from {deb.name}: no result after "
+                                              f"{STEP_TIMEOUT_S} s")
                         data = inner.extractfile(m) if m.name.startswith(prefix) else None
                         if data is not None and "/" not in m.name.removeprefix(prefix):
                             (out / m.name.removeprefix(prefix)).write_bytes(data.read())
                 break
         proc.stdout.close()
         proc.wait(timeout=STEP_TIMEOUT_S)
+    if not (out / "siw_main.c").exists():
+        raise KernelError(f"{deb.name} has no {prefix}siw_main.c in {member}")
     (out / "Kbuild").write_text(f"obj-m += siw.o\nsiw-y := {SIW_FILES}\n")
-    headers = root / "usr" / "src" / f"linux-headers-{release}"
-    _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2", *_compiler(root)])
+    if suite.split("-")[0] == "bookworm":
+        # This machine's own suite: the kernel's compiler (gcc-12) and Debian's kbuild tools
+        # (glibc 2.36) run here as they are.
+        headers = root / "usr" / "src" / f"linux-headers-{release}"
+        _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2"])
+    else:
+        _build_siw_in_buildroot(release, suite, out)
     if not ko.exists():
         raise KernelError(f"kbuild left no {ko}")
     (out / ".done").write_text(release + "\n")
     return ko
+
+
+# A newer suite's kernel (trixie's 6.12, sid's 7.x) was built with that suite's compiler
+# (gcc-14, gcc-16), and Debian's kbuild host tools for it (modpost, objtool, resolve_btfids)
+# are linked against that suite's glibc (2.38 on; bookworm has 2.36). siw.ko for it is built
+# in a minimal chroot of the kernel's own suite, made once per suite by debootstrap from
+# Debian's archive, with the kernel's headers and kbuild unpacked into it: the compiler the
+# headers depend on, Debian's modpost and objtool, and pahole run there on their own glibc.
+# Every command runs in new mount and pid namespaces (unshare) with a /proc of its own, which
+# debootstrap and 7.x's objtool (it reads /proc/self/maps) need: no mount can outlive the
+# command or show outside it, and a command past its deadline is killed with all it started.
+DEBOOTSTRAP_TIMEOUT_S = 2 * STEP_TIMEOUT_S  # once per suite: about 30 s and 500 MB here
+BUILDROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C"}
+DEBOOTSTRAP_SCRIPTS = pathlib.Path("/usr/share/debootstrap/scripts")
+
+
+def _isolated(argv: list[str], chroot: pathlib.Path | None = None) -> list[str]:
+    """argv in private mount and pid namespaces with a fresh /proc; chrooted into chroot
+    (whose /proc gets it) when given."""
+    pre = ["unshare", "--mount", "--propagation", "private", "--pid", "--kill-child",
+           "--mount-proc"]
+    if chroot is not None:
+        pre += [f"--root={chroot}", "--wd=/"]
+    return pre + argv
+
+
+def _buildroot_step(step: str, argv: list[str], timeout: float,
+                    log: pathlib.Path | None = None) -> str:
+    """Runs one step of the siw build with a deadline and a clean environment; a failure is
+    a KernelError naming the step, with the tail of its output (and of log, if given)."""
+    def tail(out: str | bytes | None, err: str | bytes | None) -> str:
+        text = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                       for s in (out, err))
+        if log is not None and log.exists():
+            text += f"\n--- {log}:\n" + log.read_text(errors="replace")[-2000:]
+        return text[-3000:]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                             env=BUILDROOT_ENV, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise KernelError(f"siw build, {step}: no result after {timeout:.0f} s "
+                          f"({' '.join(argv)}):\n{tail(exc.stdout, exc.stderr)}") from exc
+    except OSError as exc:
+        raise KernelError(f"siw build, {step}: cannot run {argv[0]}: {exc}") from exc
+    if res.returncode != 0:
+        raise KernelError(f"siw build, {step} failed ({res.returncode}): {' '.join(argv)}\n"
+                          f"{tail(res.stdout, res.stderr)}")
+    return res.stdout
+
+
+def _buildroot(suite: str, packages: list[str]) -> pathlib.Path:
+    """CACHE/buildroot-<suite>: debootstrap --variant=minbase of suite with packages, made
+    again when a later kernel of the suite needs a package it lacks (another gcc)."""
+    d = CACHE / f"buildroot-{suite}"
+    done = d / ".done"
+    if done.exists() and set(packages) <= set((done.read_text().splitlines() or [""])[0].split()):
+        return d
+    if shutil.which("debootstrap") is None:
+        raise KernelError(f"siw build for {suite}: debootstrap is not installed on this "
+                          "machine (apt-get install debootstrap)")
+    mounted = [p for p in (d / "proc", d / "sys", d / "dev", d / "dev" / "pts") if p.is_mount()]
+    if mounted:  # never: every mount is made in a namespace of its own (rmtree would empty it)
+        raise KernelError(f"siw build for {suite}: {', '.join(map(str, mounted))} mounted; "
+                          f"unmount and remove {d}")
+    shutil.rmtree(d, ignore_errors=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    # debootstrap 1.0.128 (bookworm) knows suites up to trixie by name; a newer one is sid's.
+    script = [] if (DEBOOTSTRAP_SCRIPTS / suite).exists() else [str(DEBOOTSTRAP_SCRIPTS / "sid")]
+    start = time.monotonic()
+    _buildroot_step(f"debootstrap {suite}", _isolated(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(d),
+         MIRROR, *script]), DEBOOTSTRAP_TIMEOUT_S, log=d / "debootstrap" / "debootstrap.log")
+    seconds = time.monotonic() - start
+    for deb in (d / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+        deb.unlink()  # about 100 MB the build never reads
+    done.write_text(" ".join(packages) + f"\ndebootstrap {seconds:.0f} s\n")
+    return d
+
+
+def _build_siw_in_buildroot(release: str, suite: str, out: pathlib.Path) -> None:
+    """make modules for the siw sources in out, in the build chroot of suite, against
+    linux-headers-<release> unpacked there; the results are copied back into out."""
+    opts = _apt_options(suite)
+    deps = _depends(f"linux-headers-{release}", opts)
+    cc = [p for p in deps if re.fullmatch(r"gcc-[0-9]+(-for-host)?", p)]
+    kbuild = [p for p in deps if p.startswith("linux-kbuild-")]
+    common = [p for p in deps if p.startswith("linux-headers-")]
+    if not cc or not kbuild:
+        raise KernelError(f"siw build: linux-headers-{release} of {suite} names no gcc-N or "
+                          f"linux-kbuild-* among its Depends ({', '.join(deps)})")
+    packages = list(dict.fromkeys([cc[0], "make", "libc6-dev", *_depends(kbuild[0], opts)]))
+    d = _buildroot(suite, packages)
+    mark = d / f".headers-{release}"
+    if not mark.exists():
+        for deb in _download([f"linux-headers-{release}", *common, kbuild[0]], CACHE / "debs",
+                             opts):
+            _buildroot_step(f"unpack {deb.name}", ["dpkg", "-x", str(deb), str(d)],
+                            STEP_TIMEOUT_S)
+        mark.write_text(release + "\n")
+    build = d / "build" / "siw"
+    shutil.rmtree(build, ignore_errors=True)
+    shutil.copytree(out, build)
+    _buildroot_step(f"make modules in {d.name}", _isolated(
+        ["make", "-C", f"/usr/src/linux-headers-{release}", "M=/build/siw", "modules", "-j2"],
+        chroot=d), STEP_TIMEOUT_S)
+    shutil.copytree(build, out, dirs_exist_ok=True)
 
 
 @contextlib.contextmanager
@@ -294,34 +409,6 @@ def cache_lock(deadline_s: float = 2 * STEP_TIMEOUT_S) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _compiler(root: pathlib.Path) -> list[str]:
-    """make arguments for the compiler: the kernel's own (gcc-14 for Debian 13's, gcc-16 for
-    sid's) where this machine has it, else this machine's gcc, which kbuild accepts for an
-    out-of-tree module; the flags the newer compiler's config enabled that the older one
-    lacks are reported by make itself."""
-    m = re.search(r'^CONFIG_CC_VERSION_TEXT="(\S+)', (root_config(root)).read_text(), re.M)
-    if m and shutil.which(m.group(1)):
-        return []
-    # Off: options the kernel's config turned on because its newer compiler has a flag this
-    # one lacks (kbuild then falls back to the older flag: -falign-functions). The newer
-    # kernel's objtool is linked against a newer glibc (2.38) than this machine's and cannot
-    # run here: the module is built without objtool's metadata (ORC unwind entries, mcount
-    # and return-thunk sites), which a TCG guest without CET or call-depth tracking does
-    # not use; stack traces through siw are then the frame-pointer-less guesses.
-    objtool = root_config(root).parent / "tools" / "objtool" / "objtool"
-    runs = objtool.exists() and b"GLIBC_" not in subprocess.run(  # Debian's is a wrapper
-        [str(objtool), "--help"], capture_output=True, timeout=30,
-        env=dict(os.environ, SRCARCH="x86")).stderr
-    return ["CC=gcc", *(f"{o}=" for o in COMPILER_ONLY_OPTIONS),
-            *([] if runs else ["objtool=true"])]
-
-
-def root_config(root: pathlib.Path) -> pathlib.Path:
-    (headers,) = [h for h in (root / "usr" / "src").glob("linux-headers-*")
-                  if (h / ".config").exists()]
-    return headers / ".config"
 
 
 def _config_has(kernel_root: pathlib.Path, release: str, option: str) -> bool:
