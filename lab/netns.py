@@ -34,7 +34,7 @@ import time
 from typing import Optional
 
 from .machine import (HostFacts, Machine, MachineError, MachineUnreachable, Result,
-                      WIRE_NFTABLES)
+                      WIRE_NFT_BRIDGE)
 
 RDMA_KINDS = ("rxe", "siw", "none")
 MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
@@ -103,9 +103,17 @@ class NetnsMachine:
         self.facts = HostFacts(device="" if rdma == "none" else f"{rdma}{index}", port=1,
                                gid_index=GID_INDEX.get(rdma, 0), netdev="eth0",
                                data_address=f"{subnet}.{index}",
-                               mac=f"52:54:00:77:00:{index:02x}", wire=WIRE_NFTABLES)
+                               mac=f"52:54:00:77:00:{index:02x}", wire=WIRE_NFT_BRIDGE,
+                               wire_bridge=outer.name)
         self._device_made = False   # delete the device only if this host made it
         self.retired = False        # NetnsHosts.close() ran: no power_on any more
+
+    @property
+    def bridge_machine(self) -> Machine:
+        """Where wire faults go by default: the outer machine's bridge joins the hosts, and a
+        rule in its forward hook is invisible to the sender's stack, as the fault switch is
+        (a drop in the host's own output hook is a local send error: docs/semantics.md I)."""
+        return self.outer
 
     def __repr__(self) -> str:
         return f"<NetnsMachine {self.name} on {self.outer.name} {self.facts.data_address}>"

@@ -417,27 +417,29 @@ class _Locks:
 
 
 class NftRule:
-    """A wire rule installed as nftables rules in the sending hosts' output hooks (rdmalab.nft):
-    `hits` is what their counters saw; `remove()` takes them out."""
+    """A wire rule installed as nftables rules (rdmalab.nft): in the sending hosts' output hooks
+    or in the bridge on their path. `hits` is what their counters saw; `remove()` takes them
+    out."""
 
     def __init__(self, faults: "AgentFaults", action: str, fields: dict, installed: dict):
         self.action, self.fields = action, fields
-        self._faults, self._installed = faults, installed  # host -> nft handle
+        # place key (a host name, or "bridge:<machine>") -> (machine, nft place, handle)
+        self._faults, self._installed = faults, installed
 
     @property
     def hits(self) -> int:
         from . import nft
         total = 0
-        for host, handle in self._installed.items():
-            out = self._faults._nft(host, f"nft -j list chain inet {nft.TABLE} {nft.CHAIN}")
+        for key, (machine, place, handle) in self._installed.items():
+            out = self._faults._nft_on(machine, key, nft.list_command(place))
             total += nft.rule_packets(out, handle)
         return total
 
     def remove(self) -> None:
         from . import nft
-        for host, handle in list(self._installed.items()):
-            self._faults._nft(host, f"nft delete rule inet {nft.TABLE} {nft.CHAIN} handle {handle}")
-            del self._installed[host]
+        for key, (machine, place, handle) in list(self._installed.items()):
+            self._faults._nft_on(machine, key, nft.delete_rule_command(handle, place))
+            del self._installed[key]
 
     def __repr__(self) -> str:
         return f"<NftRule {self.action} {self.fields} on {sorted(self._installed)}>"
@@ -480,29 +482,43 @@ class AgentFaults(NoFaults):
         self._counts: dict[str, int] = {}
         self._down: set[str] = set()
         self._rules: list[NftRule] = []
-        self._nft_ready: set[str] = set()
+        self._nft_ready: dict = {}  # place key -> (machine, nft place) with the table made
         self._removed: dict = {}  # host -> (device, the background `rdma link delete`)
         self._control = None  # SwitchControl, connected at the first switch rule
         self._switch_rules: list[SwitchRule] = []
         self._switch_records: list[dict] = []
         self._since = 0  # the switch's history seq at this lab's first rule
 
-    # -- wire rules (nftables in the guests)
-    def _nft(self, host: str, cmd: str) -> str:
+    # -- wire rules (nftables in the guests, or in the bridge between them)
+    @staticmethod
+    def _nft_on(machine, key: str, cmd: str) -> str:
+        return machine.run(cmd, 30, root=True).check(f"{key}: {cmd}").out
+
+    def _nft_place(self, host: str, where: str):
+        """(key, machine, nft place) where host's packets meet a rule: its own output hook
+        (where == "host"), or the bridge machine on its path (where == "bridge")."""
+        from . import nft
         m = self._lab.machine_of(host)
-        return m.run(cmd, 30, root=True).check(f"{host}: {cmd}").out
+        if where == "bridge":
+            bridge = getattr(m, "bridge_machine", None)
+            if bridge is None:
+                raise FaultNotSupported("wire", f"{host} ({m.name}): no nftables bridge on "
+                                        "its path")
+            return f"bridge:{bridge.name}", bridge, nft.BRIDGE
+        return host, m, nft.HOST
 
     def _transport(self) -> str:
         """How nftables finds RDMA in the hosts' traffic: TCP (iWARP) or UDP 4791 (RoCEv2)."""
         name = next(iter(self._lab.addresses))
         return "iwarp" if self._lab.host(name).caps().transport == "iWARP" else "roce"
 
-    def _wire_rule(self, fault: str, verdict: str, match, count, fields: dict) -> NftRule:
+    def _wire_rule(self, fault: str, verdict: str, match, count, fields: dict,
+                   where: str = "host") -> NftRule:
         from . import nft
         from .faults import expand_cm
         if match is not None:
-            raise FaultNotSupported(fault, "a Python predicate cannot run in the guest's "
-                                    "nftables: give the fields (cm=, opcode=, dest_qpn=, ...)")
+            raise FaultNotSupported(fault, "a Python predicate cannot run in nftables: give "
+                                    "the fields (cm=, opcode=, dest_qpn=, ...)")
         if count is not None:
             raise FaultNotSupported(fault, "nftables counts bytes, not packets: count= needs "
                                     "the fault switch")
@@ -513,22 +529,28 @@ class AgentFaults(NoFaults):
             why = self._lab.nftables_unusable(host)
             if why:
                 raise FaultNotSupported(fault, why)
-        netdev = self._lab.machine_of(hosts[0]).facts.netdev
-        expr = nft.match_expr(fields, self._lab.addresses, self._transport(), netdev)
+        places = {}
+        for host in hosts:  # a bridge carries every host's packets: one rule there
+            key, machine, place = self._nft_place(host, where)
+            places.setdefault(key, (machine, place))
+        netdev = self._lab.machine_of(hosts[0]).facts.netdev if where == "host" else None
         installed = {}
-        for host in hosts:
-            if host not in self._nft_ready:
-                self._nft(host, nft.setup_commands())
-                self._nft_ready.add(host)
-            out = self._nft(host, nft.add_rule_command(expr, verdict, f"rdmalab {fault}"))
+        expr = ""
+        for key, (machine, place) in places.items():
+            expr = nft.match_expr(fields, self._lab.addresses, self._transport(), netdev, place)
+            if key not in self._nft_ready:
+                self._nft_on(machine, key, nft.setup_commands(place))
+                self._nft_ready[key] = (machine, place)
+            out = self._nft_on(machine, key,
+                               nft.add_rule_command(expr, verdict, f"rdmalab {fault}", place))
             handle = nft.parse_handle(out)
             if handle is None:
-                raise RuntimeError(f"{host}: nft printed no rule handle: {out!r}")
-            installed[host] = handle
+                raise RuntimeError(f"{key}: nft printed no rule handle: {out!r}")
+            installed[key] = (machine, place, handle)
         rule = NftRule(self, fault, fields, installed)
         self._rules.append(rule)
         self._lab.record("fault", object="nft", fault=fault, fields=fields, expr=expr,
-                         hosts=sorted(installed))
+                         hosts=sorted(installed), place=where)
         return rule
 
     # -- devices
@@ -608,7 +630,7 @@ class AgentFaults(NoFaults):
         there. Returns once the host is back: its earlier objects are gone."""
         name = host if isinstance(host, str) else host.name
         self._lab.reboot_host(name, down_ns)
-        self._nft_ready.discard(name)  # the rebooted guest has no rules
+        self._nft_ready.pop(name, None)  # the rebooted guest has no rules
         self._rules = [r for r in self._rules if name not in r._installed]
         self._counts["reboot"] = self._counts.get("reboot", 0) + 1
 
@@ -645,22 +667,31 @@ class AgentFaults(NoFaults):
         return handle
 
     def _where(self, at: Optional[str]) -> str:
-        if at is None:  # the switch where the path has one, else the hosts' nftables
-            return "host" if self._lab.switch_unusable().startswith("!") else "switch"
-        if at not in ("switch", "host"):
-            raise ValueError(f"at={at!r}: 'switch' (the fault switch) or 'host' (nftables in "
-                             "the sending host)")
+        """switch | bridge | host. Default: the fault switch where the path has one, else the
+        nftables bridge on the path (the netns lab's), else the sending hosts' nftables."""
+        if at is None:
+            if not self._lab.switch_unusable().startswith("!"):
+                return "switch"
+            machines = [self._lab.machine_of(h) for h in self._lab.addresses]
+            if all(getattr(m, "bridge_machine", None) is not None for m in machines):
+                return "bridge"
+            return "host"
+        if at not in ("switch", "bridge", "host"):
+            raise ValueError(f"at={at!r}: 'switch' (the fault switch), 'bridge' (nftables in "
+                             "the bridge on the path) or 'host' (nftables in the sending host)")
         return at
 
     def drop(self, match=None, *, count=None, every=None, probability=None,
              at: Optional[str] = None, **fields):
-        """Drops matching packets: in the fault switch (default), or with at="host" where they
-        leave the sending guest (nftables; all hosts unless src_host=)."""
-        if self._where(at) == "host":
+        """Drops matching packets: in the fault switch (default where there is one), in the
+        nftables bridge on the path (the netns lab's default), or with at="host" where they
+        leave the sending host (nftables; all hosts unless src_host=)."""
+        where = self._where(at)
+        if where != "switch":
             if every is not None or probability is not None:
                 raise FaultNotSupported("drop", "nftables counts bytes: every=/probability= "
                                         "need the fault switch")
-            rule = self._wire_rule("drop", "drop", match, count, fields)
+            rule = self._wire_rule("drop", "drop", match, count, fields, where)
             self._counts["drop"] = self._counts.get("drop", 0)  # read from the counters
             return rule
         return self._switch_rule("drop", match, fields, count=count, every=every,
@@ -668,8 +699,9 @@ class AgentFaults(NoFaults):
 
     def watch(self, match=None, *, at: Optional[str] = None, **fields):
         """Counts matching packets without touching them (rule.hits)."""
-        if self._where(at) == "host":
-            return self._wire_rule("watch", "accept", match, None, fields)
+        where = self._where(at)
+        if where != "switch":
+            return self._wire_rule("watch", "accept", match, None, fields, where)
         return self._switch_rule("watch", match, fields)
 
     def delay(self, match=None, *, delay_ns: int, count=None, every=None, probability=None,
@@ -770,9 +802,9 @@ class AgentFaults(NoFaults):
         for name in list(self._down):  # the next lab on these hosts starts with links up
             if name not in lost:
                 self.port_up(name)
-        for host in list(self._nft_ready):  # and with no rules
-            if host not in lost:
-                self._nft(host, f"nft delete table inet {nft.TABLE}")
+        for key, (machine, place) in list(self._nft_ready.items()):  # and with no rules
+            if key not in lost:
+                self._nft_on(machine, key, nft.delete_table_command(place))
         self._nft_ready.clear()
         self._rules.clear()
         if self._control is not None:
@@ -971,6 +1003,8 @@ class AgentLab:
         from lab.machine import WIRE_NFT_BRIDGE, WIRE_NFTABLES
         m = self._machines[host]
         if m.facts.wire == WIRE_NFTABLES or device_label(m.facts.device) in SOFT_DEVICES:
+            return ""
+        if m.facts.wire == WIRE_NFT_BRIDGE and getattr(m, "bridge_machine", None) is not None:
             return ""
         if m.facts.wire == WIRE_NFT_BRIDGE:
             return (f"{host} ({m.name}): wire faults through an nftables bridge on the path "

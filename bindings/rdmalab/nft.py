@@ -1,7 +1,13 @@
-"""Wire-fault rules as nftables rules inside a host (issue: faults where the project's switch is
-not on the wire). Software providers (rxe, siw) send through the host's network stack, so a rule
-in the sending host's `output` hook sees every RoCEv2 packet (UDP 4791) and every iWARP segment
-(TCP) the device sends. Hardware RoCE (mlx5) bypasses the stack: there this does not apply.
+"""Wire-fault rules as nftables rules (faults where the project's switch is not on the wire), in
+one of two places:
+
+- HOST: the sending host's `output` hook. Software providers (rxe, siw) send through the
+  host's network stack, so it sees every RoCEv2 packet (UDP 4791) and every iWARP segment (TCP)
+  the device sends. Hardware RoCE (mlx5) bypasses the stack: there this does not apply. A drop
+  here is a local send failure the provider sees (ip_local_out fails): not what a lossy wire
+  does (rxe moves the sending QP, QP1 included, to ERR: docs/semantics.md I).
+- BRIDGE: the `forward` hook of a Linux bridge the hosts' traffic crosses (the netns lab's
+  bridge, an nftables bridge host): as the fault switch, the sender's stack never knows.
 
 The match keys are the rule language of rdmalab.faults (the model's fabric): opcode, dest_qpn,
 psn, mad_attr_id (cm="DREP"), dst_host, plus tcp_flags for iWARP. A key nftables cannot express
@@ -20,6 +26,22 @@ from .errors import FaultNotSupported
 
 TABLE = "rdmalab"
 CHAIN = "out"
+
+
+class Place:
+    """Where a rule set lives: family, chain, hook, and whether it matches the sender by its
+    address (a bridge sees every host's packets) or by being in its output hook."""
+
+    def __init__(self, name: str, family: str, chain: str, hook: str, by_source: bool):
+        self.name, self.family, self.chain, self.hook = name, family, chain, hook
+        self.by_source = by_source
+
+    def __repr__(self) -> str:
+        return f"<nft place {self.name}: {self.family} {self.chain} ({self.hook})>"
+
+
+HOST = Place("host", "inet", CHAIN, "output", by_source=False)
+BRIDGE = Place("bridge", "bridge", "fwd", "forward", by_source=True)
 ROCE_PORT = 4791
 UDP_HDR = 8
 BTH_LEN = 12
@@ -44,15 +66,20 @@ def _bits(byte_offset: int) -> int:
 
 
 def match_expr(fields: Mapping, addresses: Mapping[str, str], transport: str = "roce",
-               netdev: Optional[str] = None) -> str:
+               netdev: Optional[str] = None, place: Place = HOST) -> str:
     """The nft match expression for a rule's fields (without the verdict). transport "roce"
     matches RoCEv2 (UDP 4791), "iwarp" the TCP segments iWARP runs on; netdev restricts the
-    rule to the data NIC, so the control channel is never hit."""
+    rule to the data NIC, so the control channel is never hit. In a bridge (place BRIDGE)
+    src_host is the sender's address; in a host's output hook the rule sits in that host."""
     if transport not in ("roce", "iwarp"):
         raise ValueError(f"transport {transport!r}: roce or iwarp")
     fields = dict(fields)
-    fields.pop("src_host", None)  # the rule is installed in that host's output hook
+    src = fields.pop("src_host", None)
     parts: list[str] = [f'oifname "{netdev}"'] if netdev else []
+    if src is not None and place.by_source:
+        if src not in addresses:
+            raise ValueError(f"src_host {src!r}: no such host ({', '.join(addresses)})")
+        parts.append(f"ip saddr {addresses[src]}")
     tcp_flags = fields.pop("tcp_flags", None)
     dst = fields.pop("dst_host", None)
     if dst is not None:
@@ -98,16 +125,28 @@ def match_expr(fields: Mapping, addresses: Mapping[str, str], transport: str = "
     return " ".join(parts)
 
 
-def setup_commands() -> str:
-    """Creates the table and the output chain (idempotent)."""
-    return (f"nft add table inet {TABLE} && nft add chain inet {TABLE} {CHAIN} "
-            f"'{{ type filter hook output priority 0 ; policy accept ; }}'")
+def setup_commands(place: Place = HOST) -> str:
+    """Creates the table and the place's chain (idempotent)."""
+    return (f"nft add table {place.family} {TABLE} && nft add chain {place.family} {TABLE} "
+            f"{place.chain} '{{ type filter hook {place.hook} priority 0 ; policy accept ; }}'")
 
 
-def add_rule_command(expr: str, verdict: str, comment: str) -> str:
+def add_rule_command(expr: str, verdict: str, comment: str, place: Place = HOST) -> str:
     """Adds a rule with a counter; --echo --handle prints its handle."""
-    return (f"nft --echo --handle add rule inet {TABLE} {CHAIN} {expr} counter {verdict} "
-            f"comment '\"{comment}\"'")
+    return (f"nft --echo --handle add rule {place.family} {TABLE} {place.chain} {expr} counter "
+            f"{verdict} comment '\"{comment}\"'")
+
+
+def list_command(place: Place = HOST) -> str:
+    return f"nft -j list chain {place.family} {TABLE} {place.chain}"
+
+
+def delete_rule_command(handle: int, place: Place = HOST) -> str:
+    return f"nft delete rule {place.family} {TABLE} {place.chain} handle {handle}"
+
+
+def delete_table_command(place: Place = HOST) -> str:
+    return f"nft delete table {place.family} {TABLE}"
 
 
 def parse_handle(output: str) -> Optional[int]:

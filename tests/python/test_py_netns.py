@@ -131,7 +131,8 @@ def test_facts_and_no_ssh():
     m = netns.NetnsMachine(_Outer(), "h", 3, rdma="rxe", subnet="10.9.8")
     f = m.facts
     assert (f.device, f.port, f.gid_index, f.netdev, f.data_address, f.mac, f.wire) == (
-        "rxe3", 1, 1, "eth0", "10.9.8.3", "52:54:00:77:00:03", "nftables")
+        "rxe3", 1, 1, "eth0", "10.9.8.3", "52:54:00:77:00:03", "nft-bridge")
+    assert m.bridge_machine is m.outer and f.wire_bridge == m.outer.name
     assert netns.NetnsMachine(_Outer(), "h", 1, rdma="siw").facts.gid_index == 0
     assert netns.NetnsMachine(_Outer(), "h", 1).facts.device == ""
     assert m.can_power

@@ -73,3 +73,19 @@ def test_handle_and_counter_parsing():
                '[{"match": {}}, {"counter": {"packets": 17, "bytes": 1000}}, {"drop": null}]}}]}')
     assert nft.rule_packets(listing, 7) == 17
     assert nft.rule_packets(listing, 8) == 0
+
+
+def test_bridge_place_matches_the_sender_by_address():
+    """In a bridge every host's packets pass one rule set: src_host becomes the sender's
+    address, and no output interface is named (the netns lab's default place)."""
+    expr = nft.match_expr({"src_host": "a", "mad_attr_id": 0x16}, HOSTS, "roce", None, nft.BRIDGE)
+    assert expr.startswith(f"ip saddr {HOSTS['a']} udp dport 4791")
+    assert "oifname" not in expr
+    assert "ip saddr" not in nft.match_expr({"src_host": "a"}, HOSTS, "roce", "eth0", nft.HOST)
+    assert "table bridge rdmalab" not in nft.setup_commands(nft.HOST)
+    assert nft.setup_commands(nft.BRIDGE) == (
+        "nft add table bridge rdmalab && nft add chain bridge rdmalab fwd "
+        "'{ type filter hook forward priority 0 ; policy accept ; }'")
+    assert nft.delete_rule_command(7, nft.BRIDGE) == "nft delete rule bridge rdmalab fwd handle 7"
+    with pytest.raises(ValueError, match="src_host 'z'"):
+        nft.match_expr({"src_host": "z"}, HOSTS, "roce", None, nft.BRIDGE)
