@@ -41,7 +41,7 @@ class Place:
 
 
 HOST = Place("host", "inet", CHAIN, "output", by_source=False)
-BRIDGE = Place("bridge", "bridge", "fwd", "forward", by_source=True)
+BRIDGE = Place("bridge", "bridge", "wire", "forward", by_source=True)  # "fwd" is an nft keyword
 ROCE_PORT = 4791
 UDP_HDR = 8
 BTH_LEN = 12

@@ -84,8 +84,8 @@ def test_bridge_place_matches_the_sender_by_address():
     assert "ip saddr" not in nft.match_expr({"src_host": "a"}, HOSTS, "roce", "eth0", nft.HOST)
     assert "table bridge rdmalab" not in nft.setup_commands(nft.HOST)
     assert nft.setup_commands(nft.BRIDGE) == (
-        "nft add table bridge rdmalab && nft add chain bridge rdmalab fwd "
+        "nft add table bridge rdmalab && nft add chain bridge rdmalab wire "
         "'{ type filter hook forward priority 0 ; policy accept ; }'")
-    assert nft.delete_rule_command(7, nft.BRIDGE) == "nft delete rule bridge rdmalab fwd handle 7"
+    assert nft.delete_rule_command(7, nft.BRIDGE) == "nft delete rule bridge rdmalab wire handle 7"
     with pytest.raises(ValueError, match="src_host 'z'"):
         nft.match_expr({"src_host": "z"}, HOSTS, "roce", None, nft.BRIDGE)

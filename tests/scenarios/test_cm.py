@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, checks, ms, sec
+from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, checks, ms, sec
 from rdmalab.cm_timing import IbCmTiming, tcp_syn_give_up_range_ns
 from rdmalab.resources import CmPair
 
@@ -232,6 +232,48 @@ def test_lost_rep_is_retransmitted(lab):
     est = pair.client.conn.wait("ESTABLISHED")
     assert est.t_ns - t0 >= timing.passive_timeout_ns - ms(10)  # after the REP's timeout
     assert reps.hits == 2
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
+def test_rep_refused_by_the_senders_stack_costs_that_rep_only(lab):
+    """A REP that b's own network stack refuses (an nftables drop in b's output hook:
+    ip_local_out fails, unlike a loss on the wire) costs that send only. ib_mad's contract
+    for QP1 (drivers/infiniband/core/mad.c, mad_error_handler): "Send errors will transition
+    the QP to SQE - move QP to RTS and repost flushed work requests". Once the rule is gone,
+    the REP goes out again (the CM's retransmission, or the provider's own retry) and the
+    connection is made; a second connection to b works. Where the provider moves QP1 to ERR
+    instead, b's CM hears nothing more until the device is re-added."""
+    if lab.has(VIRTUAL_TIME):
+        pytest.skip("needs a host network stack that can refuse a send (nftables in the "
+                    "sending host): the model's hosts have none")
+    timing = IbCmTiming.for_caps(lab.host("a").caps())
+    try:
+        rule = lab.faults.drop(cm="REP", src_host="b", at="host")
+    except FaultNotSupported as e:
+        pytest.skip(f"needs a drop in the sending host's stack: {e}")
+    wait_ns = 3 * timing.passive_timeout_ns
+    made: dict = {}
+
+    def connect() -> None:
+        try:
+            made["pair"] = CmPair(lab, timeout_ns=wait_ns)
+        except Exception as e:  # noqa: BLE001: reported below, with the REPs refused
+            made["error"] = e
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    lab.wait_until(lambda: rule.hits > 0, sec(10))  # b's stack refused the REP
+    refused = rule.hits
+    rule.remove()
+    t.join(timeout=(wait_ns + lab.tolerance_ns) / 1e9 + 30)
+    try:
+        assert not t.is_alive(), "the first connection neither came up nor failed"
+        assert "error" not in made, (f"the connection never came up after b's stack refused "
+                                     f"{refused} REP(s): {made.get('error')}")
+        second = CmPair(lab, port=7472, timeout_ns=sec(2))
+        assert second.client.conn.wait("ESTABLISHED", ms(10))
+    except BaseException:
+        lab.faults.reboot("b", 0)  # b's CM may be deaf now: the next scenario gets it fresh
+        raise
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
