@@ -12,7 +12,11 @@ uptime`) split the time: before the guest kernel's clock starts (qemu, firmware,
 decompression), kernel to init's modules, 9p root and network, rdma link, the agent's
 python start, and the controller noticing.
 
-The netns lab (issue 15) is not built yet: no figure for it.
+The netns lab (lab/netns.py) beside the two-VM lab, both as the scenarios get them (an agent
+pool: every host up, its agent shipped and answering, the data path warm): two rxe hosts as
+network namespaces (in one sid guest here: this machine's kernel has no rxe) against two rxe
+guests with the same kernel. Without --quick also the scenario suite's wall time on each
+(tests/scenarios, pytest, one run each, the same kernel).
 """
 from __future__ import annotations
 
@@ -115,7 +119,61 @@ def run(args) -> list[Figure]:
             f"1 {rdma} host alone", med1, better="lower",
             note=f"goal <= {GOAL_S:g} s for two hosts: {verdict} (median of {len(two)}: "
                  f"{runs2} s; one host {runs1} s); median run: {_breakdown(typical)}"))
+    figures += netns_figures(quick, rounds)
     (args.out / "labs.json").write_text(json.dumps(results, indent=1) + "\n")
-    print("netns lab (issue 15): not built yet, no figure", flush=True)
     figures[-1].note += f"; section {time.monotonic() - t_start:.0f} s"
+    return figures
+
+
+NETNS_KERNEL = "sid"  # the kernel both labs run for the comparison (rxe per namespace: 7.1)
+
+
+def pool_ready(kind: str) -> float:
+    """Seconds from nothing to an agent pool of two rxe hosts (netns or VM), then closed."""
+    import os
+    os.environ["RDMALAB_VM_KERNEL"] = NETNS_KERNEL
+    from rdmalab import agentlab
+    t0 = time.monotonic()
+    pool = agentlab.netns_pool(2, "rxe") if kind == "netns" else agentlab.vm_pool(2, "rxe")
+    took = time.monotonic() - t0
+    pool.close()
+    return took
+
+
+def suite_s(lab: str, out) -> tuple[float, str]:
+    """Wall seconds of the scenario suite on one lab (pytest), and its summary line."""
+    import subprocess
+    import sys
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
+                        "tests/scenarios", "--lab", lab, "--kernel", NETNS_KERNEL,
+                        "--rdmalab-timeout", "180", "-p", "no:cacheprovider"],
+                       cwd=REPO, capture_output=True, text=True, timeout=3600)
+    lines = [line for line in r.stdout.splitlines() if " in " in line and "passed" in line]
+    return time.monotonic() - t0, (lines[-1].strip("= ") if lines else f"rc {r.returncode}")
+
+
+def netns_figures(quick: bool, rounds: int) -> list[Figure]:
+    import sys
+    sys.path.insert(0, str(REPO / "bindings"))
+    netns, vm = [], []
+    for i in range(rounds):
+        for kind in (("netns", "vm") if i % 2 == 0 else ("vm", "netns")):
+            took = pool_ready(kind)
+            (netns if kind == "netns" else vm).append(took)
+            _log(f"{kind} pool of 2 rxe hosts ({NETNS_KERNEL}) round {i + 1}: {took:.1f} s")
+    figures = [Figure(
+        "labs", "netns lab, 2 rxe hosts: nothing to agents ready", statistics.median(netns), "s",
+        "VM lab, 2 rxe guests, agents ready", statistics.median(vm), better="lower",
+        note=f"both on {NETNS_KERNEL}; the namespaces live in one guest (this machine's kernel "
+             f"has no rxe), so the figure includes that guest's boot; median of {rounds}: "
+             f"netns {'/'.join(f'{t:.1f}' for t in netns)} s, VM "
+             f"{'/'.join(f'{t:.1f}' for t in vm)} s")]
+    if not quick:
+        n_s, n_sum = suite_s("netns:rxe", None)
+        v_s, v_sum = suite_s("vm:rxe", None)
+        _log(f"suite on netns:rxe {n_s:.0f} s ({n_sum}); on vm:rxe {v_s:.0f} s ({v_sum})")
+        figures.append(Figure(
+            "labs", "scenario suite on netns:rxe", n_s, "s", "the same on vm:rxe", v_s,
+            better="lower", note=f"{NETNS_KERNEL}; netns: {n_sum}; vm: {v_sum}"))
     return figures

@@ -34,7 +34,7 @@ RDMA_MODULES = ("crc32_generic", "crc32c_generic", "rdma_rxe", "ib_uverbs", "rdm
 OPTIONAL_MODULES = ("crc32_generic", "crc32c_generic")
 # In-guest wire faults (rdmalab.nft): nf_tables carries the payload, counter and cmp
 # expressions and the inet family in Debian's build.
-NFT_MODULES = ("nf_tables",)
+NFT_MODULES = ("nf_tables", "nft_meta_bridge")  # the bridge family's meta (l4proto, ...)
 # The netns lab inside a guest (lab.netns): a veth pair per host into a bridge.
 NETNS_MODULES = ("veth", "bridge")
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
