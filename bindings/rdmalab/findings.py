@@ -44,7 +44,7 @@ _FIELDS = {"kind", "provider", "models", "summary", "rule", "source", "kernels",
            "evidence", "scenario", "raises", "writeup"}
 _RULE_FIELDS = {"citation", "quote"}
 _SOURCE_FIELDS = {"file", "function"}
-_KERNEL_FIELDS = {"reproduces", "fixed", "checked"}
+_KERNEL_FIELDS = {"reproduces", "fixed", "checked", "since"}
 
 
 class FindingsError(ValueError):
@@ -71,6 +71,7 @@ class Kernels:
     reproduces: tuple[str, ...] = ()
     checked: tuple[str, ...] = ()
     fixed: str = ""
+    since: str = ""   # "v6.12: ...": the first mainline version known to diverge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,17 +101,24 @@ class Entry:
 
     def applies_to(self, key: str, kernel_release: str = "") -> bool:
         """key: a device's driver ("rxe") or "model:<personality>"; kernel_release: the
-        device's kernel ("6.1.0-56-amd64"): an entry fixed in an older kernel does not apply."""
+        device's kernel ("6.1.0-56-amd64"): an entry fixed in an older kernel, or one that
+        came in with a newer kernel (kernels.since), does not apply."""
         if key not in self.keys:
             return False
-        fixed, running = self.fixed_in, release_version(kernel_release)
+        fixed, since, running = self.fixed_in, self.since_in, release_version(kernel_release)
+        if since and running and running < since:
+            return False
         return not (fixed and running and running >= fixed)
 
     @property
     def fixed_in(self) -> Optional[tuple[int, int]]:
         """The mainline version kernels.fixed names ("v6.8: ..."), if any."""
-        m = re.match(r"^v(\d+)\.(\d+)\b", self.kernels.fixed)
-        return (int(m.group(1)), int(m.group(2))) if m else None
+        return _version_of(self.kernels.fixed)
+
+    @property
+    def since_in(self) -> Optional[tuple[int, int]]:
+        """The mainline version kernels.since names ("v6.12: ..."), if any."""
+        return _version_of(self.kernels.since)
 
     def raises_class(self) -> type:
         cls = resolve_exception(self.raises)
@@ -328,12 +336,14 @@ class _Checker:
                                       "the kernels it was seen on")
             return Kernels()
         if not isinstance(raw, dict):
-            self.error("kernels", f"a table {{ reproduces, checked, fixed }}, not {raw!r}")
+            self.error("kernels", f"a table {{ reproduces, checked, since, fixed }}, not "
+                                  f"{raw!r}")
             return Kernels()
         self.unknown(raw, _KERNEL_FIELDS, "kernels.")
         return Kernels(self.strings(raw, "reproduces", "kernels.reproduces", required=required),
                        self.strings(raw, "checked", "kernels.checked", required=False),
-                       self.string(raw, "fixed", "kernels.fixed", required=False))
+                       self.string(raw, "fixed", "kernels.fixed", required=False),
+                       self.string(raw, "since", "kernels.since", required=False))
 
 
 def _personalities() -> list[str]:
@@ -369,12 +379,19 @@ def _sources(e: Entry) -> str:
     return "; ".join(f"`{s.file}` {s.function}".strip() for s in e.sources) or "-"
 
 
+def _version_of(text: str) -> Optional[tuple[int, int]]:
+    m = re.match(r"^v(\d+)\.(\d+)\b", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def _kernels(e: Entry) -> str:
     parts = []
     if e.kernels.reproduces:
         parts.append("reproduces on " + ", ".join(e.kernels.reproduces))
     if e.kernels.checked:
         parts.append("source read: " + ", ".join(e.kernels.checked))
+    if e.kernels.since:
+        parts.append("since: " + e.kernels.since)
     if e.kernels.fixed:
         parts.append("fixed: " + e.kernels.fixed)
     return "; ".join(parts) or "-"

@@ -262,3 +262,16 @@ def test_plugin_refuses_the_old_form_and_unknown_ids(pytester):
     assert result.ret != 0
     out = result.stdout.str() + result.stderr.str()
     assert "finding('no-such-finding'): no finding 'no-such-finding' in" in out
+
+
+def test_since_and_fixed_bound_the_kernels_an_entry_applies_to():
+    """kernels.since / kernels.fixed: the entry applies on [since, fixed) only."""
+    from rdmalab import findings
+    e = findings.default().get("rxe-local-send-error-kills-qp1")
+    assert e.since_in == (6, 12) and e.fixed_in is None
+    assert not e.applies_to("rxe", "6.1.0-56-amd64")
+    assert e.applies_to("rxe", "6.12.117+deb13-amd64") and e.applies_to("rxe", "7.2.13+deb14-amd64")
+    assert e.applies_to("rxe", "")  # an unknown kernel: as registered
+    assert not e.applies_to("siw", "7.2.13+deb14-amd64")
+    fixed = findings.default().get("siw-query-qp-reports-no-state")
+    assert fixed.applies_to("siw", "6.1.0-56-amd64") and not fixed.applies_to("siw", "7.2.13")

@@ -235,6 +235,7 @@ def test_lost_rep_is_retransmitted(lab):
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
+@pytest.mark.finding("rxe-local-send-error-kills-qp1")
 def test_rep_refused_by_the_senders_stack_costs_that_rep_only(lab):
     """A REP that b's own network stack refuses (an nftables drop in b's output hook:
     ip_local_out fails, unlike a loss on the wire) costs that send only. ib_mad's contract
