@@ -150,6 +150,7 @@ TEST_PHASES := \
   side:vmlab-prepare \
   vm:test-vm-rxe:after=build-module,vmlab-prepare \
   vm:test-vm-siw \
+  vm:test-netns \
   vm:test-tsan-vm:after=build-tsan \
   vm:test-fuzz:nice \
   side:build:nice:after=build-module \

@@ -534,10 +534,12 @@ class AgentFaults(NoFaults):
             key, machine, place = self._nft_place(host, where)
             places.setdefault(key, (machine, place))
         netdev = self._lab.machine_of(hosts[0]).facts.netdev if where == "host" else None
+        macs = {n: self._lab.machine_of(n).facts.mac for n in self._lab.addresses}
         installed = {}
         expr = ""
         for key, (machine, place) in places.items():
-            expr = nft.match_expr(fields, self._lab.addresses, self._transport(), netdev, place)
+            expr = nft.match_expr(fields, self._lab.addresses, self._transport(), netdev, place,
+                                  macs)
             if key not in self._nft_ready:
                 self._nft_on(machine, key, nft.setup_commands(place))
                 self._nft_ready[key] = (machine, place)

@@ -66,26 +66,26 @@ def _bits(byte_offset: int) -> int:
 
 
 def match_expr(fields: Mapping, addresses: Mapping[str, str], transport: str = "roce",
-               netdev: Optional[str] = None, place: Place = HOST) -> str:
+               netdev: Optional[str] = None, place: Place = HOST,
+               macs: Optional[Mapping[str, str]] = None) -> str:
     """The nft match expression for a rule's fields (without the verdict). transport "roce"
     matches RoCEv2 (UDP 4791), "iwarp" the TCP segments iWARP runs on; netdev restricts the
-    rule to the data NIC, so the control channel is never hit. In a bridge (place BRIDGE)
-    src_host is the sender's address; in a host's output hook the rule sits in that host."""
+    rule to the data NIC, so the control channel is never hit. In a host's output hook the
+    rule sits in the sending host; in a bridge (place BRIDGE) src_host and dst_host are the
+    hosts' MACs where `macs` has them (RoCEv2 may run over IPv6 link-local GIDs as well as
+    IPv4-mapped ones: the MAC matches both), else their IPv4 addresses."""
     if transport not in ("roce", "iwarp"):
         raise ValueError(f"transport {transport!r}: roce or iwarp")
     fields = dict(fields)
     src = fields.pop("src_host", None)
     parts: list[str] = [f'oifname "{netdev}"'] if netdev else []
     if src is not None and place.by_source:
-        if src not in addresses:
-            raise ValueError(f"src_host {src!r}: no such host ({', '.join(addresses)})")
-        parts.append(f"ip saddr {addresses[src]}")
+        parts.append(_host_match("src_host", src, "saddr", addresses, macs))
     tcp_flags = fields.pop("tcp_flags", None)
     dst = fields.pop("dst_host", None)
     if dst is not None:
-        if dst not in addresses:
-            raise ValueError(f"dst_host {dst!r}: no such host ({', '.join(addresses)})")
-        parts.append(f"ip daddr {addresses[dst]}")
+        parts.append(_host_match("dst_host", dst, "daddr", addresses,
+                                 macs if place.by_source else None))
     if transport == "iwarp" and tcp_flags is None:
         if fields:
             raise FaultNotSupported("nft", f"field(s) {sorted(fields)} are RoCEv2 fields: on "
@@ -123,6 +123,15 @@ def match_expr(fields: Mapping, addresses: Mapping[str, str], transport: str = "
             "nft", f"field(s) {sorted(fields)} have no nftables match here (the fault switch "
             "parses them)")
     return " ".join(parts)
+
+
+def _host_match(field: str, host: str, which: str, addresses: Mapping[str, str],
+                macs: Optional[Mapping[str, str]]) -> str:
+    if host not in addresses:
+        raise ValueError(f"{field} {host!r}: no such host ({', '.join(addresses)})")
+    if macs and macs.get(host):
+        return f"ether {which} {macs[host]}"
+    return f"ip {which} {addresses[host]}"
 
 
 def setup_commands(place: Place = HOST) -> str:

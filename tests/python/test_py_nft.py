@@ -89,3 +89,10 @@ def test_bridge_place_matches_the_sender_by_address():
     assert nft.delete_rule_command(7, nft.BRIDGE) == "nft delete rule bridge rdmalab wire handle 7"
     with pytest.raises(ValueError, match="src_host 'z'"):
         nft.match_expr({"src_host": "z"}, HOSTS, "roce", None, nft.BRIDGE)
+    # With the hosts' MACs: RoCEv2 over an IPv6 GID is matched too.
+    macs = {"a": "52:54:00:77:00:01", "b": "52:54:00:77:00:02"}
+    expr = nft.match_expr({"src_host": "a", "dst_host": "b"}, HOSTS, "roce", None, nft.BRIDGE,
+                          macs)
+    assert expr == ("ether saddr 52:54:00:77:00:01 ether daddr 52:54:00:77:00:02 "
+                    "udp dport 4791")
+    assert "ip daddr" in nft.match_expr({"dst_host": "b"}, HOSTS, "roce", "eth0", nft.HOST, macs)
