@@ -175,3 +175,17 @@ def test_finding_marker_applies_to_its_device_only():
         finding_on(pytest.mark.finding("siw", "f", "text").mark, Spec("vm"), registry)
     with pytest.raises(pytest.UsageError, match="no finding 'nope'"):
         finding_on(pytest.mark.finding("nope").mark, Spec("vm"), registry)
+
+
+def test_kernel_is_passed_to_pytest_and_names_the_column():
+    """`run --kernel sid` reaches the plugin; a device's column names its kernel, the model's
+    does not."""
+    from rdmalab import cli
+    args = cli.build_parser().parse_args(["run", "--lab", "vm:rxe", "--kernel", "sid"])
+    cmd = cli.pytest_command(args, [])
+    assert cmd[cmd.index("--kernel") + 1] == "sid"
+    props = {"backend": "vm", "personality": "rxe", "column": "vm-rxe",
+             "kernel": "7.2.13+deb14-amd64"}
+    assert report.kernel_column("vm-rxe", props) == "vm-rxe@7.2.13+deb14"
+    assert report.kernel_column("model-roce", dict(props, backend="model")) == "model-roce"
+    assert report.kernel_column("vm-rxe", dict(props, kernel="")) == "vm-rxe"

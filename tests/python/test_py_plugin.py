@@ -174,3 +174,11 @@ def test_requires_without_a_lab_fails(pytester):
     """, "--lab", "model:ib")
     result.assert_outcomes(errors=1)
     assert "@requires needs a lab" in result.stdout.str()
+
+
+def test_netns_lab_spec():
+    """--lab netns:rxe is its own column; an unknown device is refused by name."""
+    assert [s.id for s in parse_lab_option("netns:rxe")] == ["netns-rxe"]
+    assert [s.option for s in parse_lab_option("netns")] == ["netns:rxe"]
+    with pytest.raises(pytest.UsageError, match="unknown netns lab device mlx5"):
+        parse_lab_option("netns:mlx5")

@@ -283,3 +283,32 @@ def test_sysctls_reach_the_command_line_and_bad_ones_are_refused(tmp_path):
     for bad in ("tcp_syn_retries", "a=", "a=$(reboot)", "a b=1"):
         with pytest.raises(VmError, match="NAME=VALUE"):
             parse_sysctl(bad)
+
+
+def test_kernel_choice_and_refusals(monkeypatch):
+    """--kernel: the argument, else RDMALAB_VM_KERNEL, else VMLAB_KERNEL, else bookworm; a
+    value that is neither a suite nor a Debian release is refused naming both."""
+    for var in ("RDMALAB_VM_KERNEL", "VMLAB_KERNEL"):
+        monkeypatch.delenv(var, raising=False)
+    assert kernel.kernel_choice() == "bookworm"
+    monkeypatch.setenv("VMLAB_KERNEL", "6.1.0-56-amd64")
+    assert kernel.kernel_choice() == "6.1.0-56-amd64"
+    monkeypatch.setenv("RDMALAB_VM_KERNEL", "sid")
+    assert kernel.kernel_choice() == "sid" and kernel.kernel_choice("trixie") == "trixie"
+    with pytest.raises(kernel.KernelError, match="a Debian suite .*bookworm.*6.12.117"):
+        kernel.resolve("latest; rm -rf /")
+
+
+def test_compressed_and_builtin_modules(tmp_path):
+    """Debian 13 ships .ko.xz (unpacked for busybox's insmod) and builds some modules in."""
+    import lzma
+    d = tmp_path / "kernel" / "net"
+    d.mkdir(parents=True)
+    (d / "veth.ko.xz").write_bytes(lzma.compress(b"\x7fELF veth"))
+    (d / "bridge.ko").write_bytes(b"\x7fELF bridge")
+    (tmp_path / "modules.builtin").write_text("kernel/lib/crc32.ko\nkernel/net/nf-tables.ko\n")
+    index = kernel.module_index(tmp_path)
+    assert set(index) == {"veth", "bridge"}
+    assert kernel.module_bytes(index["veth"]) == b"\x7fELF veth"
+    assert kernel.module_bytes(index["bridge"]) == b"\x7fELF bridge"
+    assert kernel.builtin_modules(tmp_path) == {"crc32", "nf_tables"}
