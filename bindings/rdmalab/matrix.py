@@ -11,8 +11,9 @@ OUT/<kernel>-<device>/ (its junit.xml, histories, report.txt). The merged table 
 OUT/matrix.md and, with --readme, between <!-- matrix:begin --> and <!-- matrix:end --> of that
 file. A finding's cell says what the run measured: `reproduces` (the scenario diverged as the
 registry says: strict xfail), `fixed` (the registry says this kernel has the fix and the scenario
-passed), `FAILED`/`XPASS` (the registry is wrong for this kernel: fix the entry), `skipped`, or
-`-` (the entry is not about this device)."""
+passed), `passes (before vX.Y)` (the registry says the divergence came with a newer kernel, and
+the scenario passed), `holds` (a provider fact asserted), `FAILED`/`XPASS` (the registry is wrong
+for this kernel: fix the entry), `skipped`, or `-` (the entry is not about this device)."""
 from __future__ import annotations
 
 import argparse
@@ -57,14 +58,23 @@ def _columns(results: list[report.Result]) -> list[str]:
 
 def finding_cell(entry: findings.Entry, rows: list[report.Result]) -> str:
     """What the runs of one column say of one registry entry."""
-    mine = [r for r in rows if r.properties.get("finding") == entry.id
-            or r.properties.get("provider_fact") == entry.id
-            or r.properties.get("finding_fixed") == entry.id]
+    mine = [r for r in rows if entry.id in (r.properties.get("finding"),
+                                            r.properties.get("provider_fact"),
+                                            r.properties.get("finding_fixed"),
+                                            r.properties.get("finding_before"))]
     if not mine:
         return "-"
     cells = []
     for r in mine:
-        if r.properties.get("finding_fixed") == entry.id:
+        running = findings.release_version(r.properties.get("kernel", ""))
+        before = r.properties.get("finding_before") == entry.id or (
+            r.properties.get("finding_fixed") == entry.id and entry.since_in is not None
+            and running is not None and running < entry.since_in)
+        if before:
+            since = "v%d.%d" % entry.since_in
+            cells.append(f"passes (before {since})" if r.outcome == "passed" else
+                         f"registry says before {since}, {CELL.get(r.outcome, r.outcome)}")
+        elif r.properties.get("finding_fixed") == entry.id:
             cells.append("fixed" if r.outcome == "passed" else
                          f"registry says fixed, {CELL.get(r.outcome, r.outcome)}")
         elif r.outcome == "finding":
@@ -147,6 +157,9 @@ def main(argv: list[str]) -> int:
         if rs and t.exists():
             took[rs[0].column] = f"{int(t.read_text()) // 60} min {int(t.read_text()) % 60} s"
     table = markdown(results, findings.default(), took)
+    intro = out / "intro.md"  # what the table does not say itself (when, where, open cells)
+    if intro.exists():
+        table = intro.read_text().rstrip("\n") + "\n\n" + table
     (out / "matrix.md").write_text(table)
     print(table, end="")
     if args.readme:

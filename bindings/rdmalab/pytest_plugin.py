@@ -56,7 +56,8 @@ _LABS = pytest.StashKey[list]()  # the labs a test's fixtures made
 _ENTRY = pytest.StashKey[tuple]()  # (registry entry, lab key) of a @finding that applies here
 _RESULTS = pytest.StashKey[list]()  # report.Result per test and column, for the agreement
 _REGISTRY = pytest.StashKey[findings.Registry]()
-_FIXED = pytest.StashKey[str]()  # a registry entry that this lab's kernel has fixed
+# (property, id): a registry entry this lab's kernel has fixed, or is older than
+_FIXED = pytest.StashKey[tuple]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,7 +471,11 @@ def pytest_collection_modifyitems(config, items):
             if found is None:
                 entry = finding_entry(mark, registry(config))
                 if LAB_KINDS[spec.backend].finding_key(spec.caps()) in entry.keys:
-                    item.stash[_FIXED] = entry.id  # fixed in this kernel: it must pass
+                    # Fixed in this kernel, or not there yet: it must pass.
+                    running = findings.release_version(spec.caps().kernel_release)
+                    before = entry.since_in and running and running < entry.since_in
+                    item.stash[_FIXED] = ("finding_before" if before else "finding_fixed",
+                                          entry.id)
                 continue
             entry, key = found
             if _ENTRY in item.stash:
@@ -604,7 +609,7 @@ def pytest_runtest_makereport(item, call):
             item.user_properties.append(
                 ("finding" if entry.xfails else "provider_fact", entry.id))
         if _FIXED in item.stash:
-            item.user_properties.append(("finding_fixed", item.stash[_FIXED]))
+            item.user_properties.append(item.stash[_FIXED])
         if phases.get("xfail") == "xpassed":
             item.user_properties.append(("xpassed", "true"))
         rep.user_properties = list(item.user_properties)
