@@ -140,7 +140,7 @@ def pool_ready(kind: str) -> float:
     return took
 
 
-def suite_s(lab: str, out) -> tuple[float, str]:
+def suite_s(lab: str) -> tuple[float, str]:
     """Wall seconds of the scenario suite on one lab (pytest), and its summary line."""
     import subprocess
     import sys
@@ -170,8 +170,8 @@ def netns_figures(quick: bool, rounds: int) -> list[Figure]:
              f"netns {'/'.join(f'{t:.1f}' for t in netns)} s, VM "
              f"{'/'.join(f'{t:.1f}' for t in vm)} s")]
     if not quick:
-        n_s, n_sum = suite_s("netns:rxe", None)
-        v_s, v_sum = suite_s("vm:rxe", None)
+        n_s, n_sum = suite_s("netns:rxe")
+        v_s, v_sum = suite_s("vm:rxe")
         _log(f"suite on netns:rxe {n_s:.0f} s ({n_sum}); on vm:rxe {v_s:.0f} s ({v_sum})")
         figures.append(Figure(
             "labs", "scenario suite on netns:rxe", n_s, "s", "the same on vm:rxe", v_s,

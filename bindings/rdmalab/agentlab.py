@@ -294,11 +294,10 @@ def netns_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0,
         # Two vCPUs: the hosts' agents and the kernel's rxe work share the one guest.
         guest = VmMachines(1, "none", boot_deadline_s, kernel=kernel, memory_mb=1536, cpus=2)
         outer = guest.machines[0]
-        why_guest = netns.kernel_support(outer, rdma)
-        if why_guest is not None:
-            guest.close()
-            raise RuntimeError(f"the netns lab cannot run in a {kernel} guest: {why_guest}")
     try:
+        why_guest = None if guest is None else netns.kernel_support(outer, rdma)
+        if why_guest is not None:
+            raise RuntimeError(f"the netns lab cannot run in a {kernel} guest: {why_guest}")
         hosts = netns.NetnsHosts(outer, n, rdma, replace=True)
     except BaseException:
         if guest is not None:

@@ -42,11 +42,17 @@ def run_one(kernel: str, device: str, out: Path, extra: list[str]) -> int:
     return rc
 
 
-def load(out: Path) -> list[report.Result]:
-    results = []
+def load(out: Path) -> tuple[list[report.Result], dict[str, str]]:
+    """Every run's results, and each column's wall time (from its took_s)."""
+    results, took = [], {}
     for junit in sorted(out.glob("*/junit.xml")):
-        results += report.read_junit(str(junit))
-    return results
+        rs = report.read_junit(str(junit))
+        results += rs
+        t = junit.parent / "took_s"
+        if rs and t.exists():
+            seconds = int(t.read_text())
+            took[rs[0].column] = f"{seconds // 60} min {seconds % 60} s"
+    return results, took
 
 
 def _columns(results: list[report.Result]) -> list[str]:
@@ -146,16 +152,10 @@ def main(argv: list[str]) -> int:
         for kernel in args.kernel or KERNELS:
             for device in args.device or DEVICES:
                 rc |= run_one(kernel, device, out / f"{kernel}-{device}", args.extra) != 0
-    results = load(out)
+    results, took = load(out)
     if not results:
         print(f"rdmalab matrix: no junit.xml under {out}", file=sys.stderr)
         return 1
-    took = {}
-    for junit in out.glob("*/junit.xml"):
-        rs = report.read_junit(str(junit))
-        t = junit.parent / "took_s"
-        if rs and t.exists():
-            took[rs[0].column] = f"{int(t.read_text()) // 60} min {int(t.read_text()) % 60} s"
     table = markdown(results, findings.default(), took)
     intro = out / "intro.md"  # what the table does not say itself (when, where, open cells)
     if intro.exists():

@@ -149,6 +149,16 @@ class AgentKind:
         return agent_pool(spec).lab(seed, list(hosts), **options)
 
 
+def _soft_devices(text: str, names: str, lab: str) -> list[str]:
+    """The devices of "vm:rxe,siw" / "netns:rxe" (default rxe); an unknown one is refused."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
+    unknown = [n for n in wanted if n not in VM_DEVICES]
+    if unknown:
+        raise pytest.UsageError(f"--lab {text!r}: unknown {lab} device {', '.join(unknown)}; "
+                                f"{lab} devices: {', '.join(VM_DEVICES)}")
+    return wanted
+
+
 class VmKind(AgentKind):
     """--lab vm[:rxe,siw]: the qemu VM lab, one column per device."""
 
@@ -162,11 +172,7 @@ class VmKind(AgentKind):
 
     @staticmethod
     def parse(text: str, names: str) -> list[LabSpec]:
-        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
-        unknown = [n for n in wanted if n not in VM_DEVICES]
-        if unknown:
-            raise pytest.UsageError(f"--lab {text!r}: unknown VM lab device {', '.join(unknown)}"
-                                    f"; VM lab devices: {', '.join(VM_DEVICES)}")
+        wanted = _soft_devices(text, names, "VM lab")
         from .agentlab import qemu_unavailable
         why = qemu_unavailable()
         if why:
@@ -188,13 +194,7 @@ class NetnsKind(AgentKind):
 
     @staticmethod
     def parse(text: str, names: str) -> list[LabSpec]:
-        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
-        unknown = [n for n in wanted if n not in VM_DEVICES]
-        if unknown:
-            raise pytest.UsageError(f"--lab {text!r}: unknown netns lab device "
-                                    f"{', '.join(unknown)}; netns lab devices: "
-                                    f"{', '.join(VM_DEVICES)}")
-        return [LabSpec("netns", n) for n in wanted]
+        return [LabSpec("netns", n) for n in _soft_devices(text, names, "netns lab")]
 
 
 class InventoryKind(AgentKind):
