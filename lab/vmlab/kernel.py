@@ -4,18 +4,23 @@ Nothing is installed into the host: the packages are fetched with `apt-get downl
 unpacked with `dpkg -x` under .cache/vmlab. Debian 12's kernel has rdma_rxe but no siw
 (CONFIG_RDMA_SIW unset), so siw.ko is built out of tree from linux-source against the
 unpacked headers. Every step leaves a marker file, so a second run only checks them.
+The same build makes rdmalab_warn.ko (lab/vmlab/testmod), a test aid for the kernel-log
+oracle. Long steps say what they do and how long they have run (progress(), stderr).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
+import importlib.util
 import lzma
 import os
 import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from typing import Callable, Iterable, Iterator
@@ -41,6 +46,32 @@ SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp
              "siw_verbs.o")
 
 STEP_TIMEOUT_S = 600  # deadline for any one download, unpack or build step
+TESTMOD_SRC = pathlib.Path(__file__).with_name("testmod")  # rdmalab_warn.c and its Kbuild
+TESTMOD = "rdmalab_warn"
+
+
+def progress():
+    """rdmalab.progress (say, Waiting): the package's module where it is loaded (pytest, the
+    CLI: its sink writes past pytest's capture), else the same file loaded by its path, as
+    `python3 -m lab.vmlab` runs without bindings/ on sys.path."""
+    mod = sys.modules.get("rdmalab.progress") or sys.modules.get("_vmlab_progress")
+    if mod is None:
+        path = REPO / "bindings" / "rdmalab" / "progress.py"
+        spec = importlib.util.spec_from_file_location("_vmlab_progress", path)
+        assert spec is not None and spec.loader is not None, path
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_vmlab_progress"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def say(msg: str) -> None:
+    progress().say(f"vmlab: {msg}")
+
+
+def waiting(what: str, deadline_s: float):
+    """A progress.Waiting for one of the VM lab's long steps ("vmlab: <what>: 20 s, ...")."""
+    return progress().Waiting(what, deadline_s, source="vmlab")
 
 
 class KernelError(RuntimeError):
@@ -54,6 +85,7 @@ class Kernel:
     siw_ko: pathlib.Path | None  # None: not built (only rxe asked for)
 
     suite: str = "bookworm"  # the Debian suite it came from
+    testmod_ko: pathlib.Path | None = None  # rdmalab_warn.ko; None: not built for it
 
     @property
     def vmlinuz(self) -> pathlib.Path:  # Debian 12's layout, or 13's split packages'
@@ -71,10 +103,12 @@ class Kernel:
                                  f"usr/lib/modules/{self.release}/config"), "the kernel config")
 
 
-def _run(argv: list[str], cwd: pathlib.Path | None = None) -> str:
+def _run(argv: list[str], cwd: pathlib.Path | None = None, what: str = "") -> str:
+    """argv with STEP_TIMEOUT_S; what: the step's name in progress lines (long steps)."""
     try:
-        res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
-                             timeout=STEP_TIMEOUT_S, check=False)
+        with waiting(what or " ".join(argv[:2]), STEP_TIMEOUT_S):
+            res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                                 timeout=STEP_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
         raise KernelError(f"{argv[0]}: no result after {STEP_TIMEOUT_S} s") from exc
     if res.returncode != 0:
@@ -111,7 +145,8 @@ def _apt_options(suite: str) -> list[str]:
         (d / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         (d / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
         (d / "sources.list").write_text(f"deb {MIRROR} {suite} main\n")
-        _run(["apt-get", *opts, "-q", "update"])
+        say(f"reading Debian {suite}'s package lists ({MIRROR}), once")
+        _run(["apt-get", *opts, "-q", "update"], what=f"apt-get update of {suite}")
         (d / ".updated").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
     return opts
 
@@ -167,6 +202,14 @@ def resolve(spec: str | None = None) -> tuple[str, str]:
                       f"{', '.join(SUITES)} ({MIRROR})")
 
 
+def _suite_of(opts: list[str] | None) -> str:
+    """The suite a private apt configuration (_apt_options) is for; none: this machine's."""
+    for o in opts or []:
+        if o.startswith("Dir::Etc::sourcelist="):
+            return pathlib.Path(o.split("=", 1)[1]).parent.name
+    return "bookworm"
+
+
 def _download(packages: Iterable[str], into: pathlib.Path,
               opts: list[str] | None = None) -> list[pathlib.Path]:
     into.mkdir(parents=True, exist_ok=True)
@@ -174,7 +217,10 @@ def _download(packages: Iterable[str], into: pathlib.Path,
     for pkg in packages:
         found = sorted(into.glob(f"{pkg}_*.deb"))
         if not found:
-            _run(["apt-get", *(opts or []), "download", "-q", pkg], cwd=into)
+            suite = _suite_of(opts)
+            say(f"fetching {pkg} from {suite}")
+            _run(["apt-get", *(opts or []), "download", "-q", pkg], cwd=into,
+                 what=f"fetching {pkg} from {suite}")
             found = sorted(into.glob(f"{pkg}_*.deb"))
         if not found:
             raise KernelError(f"apt-get download {pkg} left no .deb in {into}")
@@ -213,8 +259,9 @@ def _unpack_kernel(release: str, suite: str) -> pathlib.Path:
     debs = _download(pkgs, CACHE / "debs", opts)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    say(f"unpacking the {release} kernel from {suite} ({len(debs)} packages) into {root}")
     for deb in debs:
-        _run(["dpkg", "-x", str(deb), str(root)])
+        _run(["dpkg", "-x", str(deb), str(root)], what=f"unpacking {deb.name}")
     # The headers' Makefiles include each other by absolute /usr/src paths: point them into
     # the unpacked tree.
     for mk in (root / "usr" / "src").glob("linux-headers-*/Makefile"):
@@ -248,8 +295,10 @@ def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
     # Stream: the .deb holds a 140 MB tar.xz of the whole tree; only siw/ is kept.
     # dpkg-deb gets SIGPIPE when the loop stops early: expected, so its stderr is dropped.
     end = time.monotonic() + STEP_TIMEOUT_S
-    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL) as proc:
+    say(f"extracting siw's sources from {deb.name} (about a minute, once per kernel)")
+    with waiting(f"extracting siw's sources from {deb.name}", STEP_TIMEOUT_S), \
+            subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
         with tarfile.open(fileobj=proc.stdout, mode="r|") as outer:
             for entry in outer:
@@ -272,16 +321,50 @@ def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
     if not (out / "siw_main.c").exists():
         raise KernelError(f"{deb.name} has no {prefix}siw_main.c in {member}")
     (out / "Kbuild").write_text(f"obj-m += siw.o\nsiw-y := {SIW_FILES}\n")
-    if suite.split("-")[0] == "bookworm":
-        # This machine's own suite: the kernel's compiler (gcc-12) and Debian's kbuild tools
-        # (glibc 2.36) run here as they are.
-        headers = root / "usr" / "src" / f"linux-headers-{release}"
-        _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2"])
-    else:
-        _build_siw_in_buildroot(release, suite, out)
+    _make_modules("siw.ko", release, root, suite, out)
     if not ko.exists():
         raise KernelError(f"kbuild left no {ko}")
     (out / ".done").write_text(release + "\n")
+    return ko
+
+
+def _make_modules(what: str, release: str, root: pathlib.Path, suite: str,
+                  out: pathlib.Path) -> None:
+    """make modules for the sources (and Kbuild) in out against release's headers."""
+    if suite.split("-")[0] == "bookworm":
+        # This machine's own suite: the kernel's compiler (gcc-12) and Debian's kbuild tools
+        # (glibc 2.36) run here as they are.
+        say(f"building {what} for {release}")
+        headers = root / "usr" / "src" / f"linux-headers-{release}"
+        _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2"],
+             what=f"building {what} for {release}")
+    else:
+        _build_in_buildroot(what, release, suite, out)
+
+
+def _testmod_digest() -> str:
+    h = hashlib.sha256()
+    for f in sorted(TESTMOD_SRC.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _build_testmod(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
+    """rdmalab_warn.ko for release under CACHE/testmod-<release>, built again when its
+    sources change (the marker holds their digest)."""
+    out = CACHE / f"testmod-{release}"
+    ko = out / f"{TESTMOD}.ko"
+    digest = _testmod_digest()
+    done = out / ".done"
+    if ko.exists() and done.exists() and done.read_text().split()[-1:] == [digest]:
+        return ko
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(TESTMOD_SRC, out)
+    _make_modules(f"{TESTMOD}.ko", release, root, suite, out)
+    if not ko.exists():
+        raise KernelError(f"kbuild left no {ko}")
+    done.write_text(f"{release} {digest}\n")
     return ko
 
 
@@ -311,7 +394,7 @@ def _isolated(argv: list[str], chroot: pathlib.Path | None = None) -> list[str]:
 
 def _buildroot_step(step: str, argv: list[str], timeout: float,
                     log: pathlib.Path | None = None) -> str:
-    """Runs one step of the siw build with a deadline and a clean environment; a failure is
+    """Runs one step of a module build with a deadline and a clean environment; a failure is
     a KernelError naming the step, with the tail of its output (and of log, if given)."""
     def tail(out: str | bytes | None, err: str | bytes | None) -> str:
         text = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
@@ -320,15 +403,16 @@ def _buildroot_step(step: str, argv: list[str], timeout: float,
             text += f"\n--- {log}:\n" + log.read_text(errors="replace")[-2000:]
         return text[-3000:]
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                             env=BUILDROOT_ENV, check=False)
+        with waiting(step, timeout):
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                 env=BUILDROOT_ENV, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise KernelError(f"siw build, {step}: no result after {timeout:.0f} s "
+        raise KernelError(f"module build, {step}: no result after {timeout:.0f} s "
                           f"({' '.join(argv)}):\n{tail(exc.stdout, exc.stderr)}") from exc
     except OSError as exc:
-        raise KernelError(f"siw build, {step}: cannot run {argv[0]}: {exc}") from exc
+        raise KernelError(f"module build, {step}: cannot run {argv[0]}: {exc}") from exc
     if res.returncode != 0:
-        raise KernelError(f"siw build, {step} failed ({res.returncode}): {' '.join(argv)}\n"
+        raise KernelError(f"module build, {step} failed ({res.returncode}): {' '.join(argv)}\n"
                           f"{tail(res.stdout, res.stderr)}")
     return res.stdout
 
@@ -341,17 +425,19 @@ def _buildroot(suite: str, packages: list[str]) -> pathlib.Path:
     if done.exists() and set(packages) <= set((done.read_text().splitlines() or [""])[0].split()):
         return d
     if shutil.which("debootstrap") is None:
-        raise KernelError(f"siw build for {suite}: debootstrap is not installed on this "
+        raise KernelError(f"module build for {suite}: debootstrap is not installed on this "
                           "machine (apt-get install debootstrap)")
     mounted = [p for p in (d / "proc", d / "sys", d / "dev", d / "dev" / "pts") if p.is_mount()]
     if mounted:  # never: every mount is made in a namespace of its own (rmtree would empty it)
-        raise KernelError(f"siw build for {suite}: {', '.join(map(str, mounted))} mounted; "
+        raise KernelError(f"module build for {suite}: {', '.join(map(str, mounted))} mounted; "
                           f"unmount and remove {d}")
     shutil.rmtree(d, ignore_errors=True)
     d.parent.mkdir(parents=True, exist_ok=True)
     # debootstrap 1.0.128 (bookworm) knows suites up to trixie by name; a newer one is sid's.
     script = [] if (DEBOOTSTRAP_SCRIPTS / suite).exists() else [str(DEBOOTSTRAP_SCRIPTS / "sid")]
     start = time.monotonic()
+    say(f"making the {suite} build chroot with debootstrap ({d}; about a minute and 500 MB, "
+        "once per suite)")
     _buildroot_step(f"debootstrap {suite}", _isolated(
         ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(d),
          MIRROR, *script]), DEBOOTSTRAP_TIMEOUT_S, log=d / "debootstrap" / "debootstrap.log")
@@ -362,16 +448,16 @@ def _buildroot(suite: str, packages: list[str]) -> pathlib.Path:
     return d
 
 
-def _build_siw_in_buildroot(release: str, suite: str, out: pathlib.Path) -> None:
-    """make modules for the siw sources in out, in the build chroot of suite, against
-    linux-headers-<release> unpacked there; the results are copied back into out."""
+def _build_in_buildroot(what: str, release: str, suite: str, out: pathlib.Path) -> None:
+    """make modules for the sources in out (siw's, the test module's), in the build chroot of
+    suite, against linux-headers-<release> unpacked there; the results are copied back."""
     opts = _apt_options(suite)
     deps = _depends(f"linux-headers-{release}", opts)
     cc = [p for p in deps if re.fullmatch(r"gcc-[0-9]+(-for-host)?", p)]
     kbuild = [p for p in deps if p.startswith("linux-kbuild-")]
     common = [p for p in deps if p.startswith("linux-headers-")]
     if not cc or not kbuild:
-        raise KernelError(f"siw build: linux-headers-{release} of {suite} names no gcc-N or "
+        raise KernelError(f"module build: linux-headers-{release} of {suite} names no gcc-N or "
                           f"linux-kbuild-* among its Depends ({', '.join(deps)})")
     packages = list(dict.fromkeys([cc[0], "make", "libc6-dev", *_depends(kbuild[0], opts)]))
     d = _buildroot(suite, packages)
@@ -382,12 +468,13 @@ def _build_siw_in_buildroot(release: str, suite: str, out: pathlib.Path) -> None
             _buildroot_step(f"unpack {deb.name}", ["dpkg", "-x", str(deb), str(d)],
                             STEP_TIMEOUT_S)
         mark.write_text(release + "\n")
-    build = d / "build" / "siw"
+    build = d / "build" / out.name
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(out, build)
-    _buildroot_step(f"make modules in {d.name}", _isolated(
-        ["make", "-C", f"/usr/src/linux-headers-{release}", "M=/build/siw", "modules", "-j2"],
-        chroot=d), STEP_TIMEOUT_S)
+    say(f"building {what} for {release} in the {suite} chroot (about 30 s the first time)")
+    _buildroot_step(f"building {what} for {release} in {d.name}", _isolated(
+        ["make", "-C", f"/usr/src/linux-headers-{release}", f"M=/build/{out.name}", "modules",
+         "-j2"], chroot=d), STEP_TIMEOUT_S)
     shutil.copytree(build, out, dirs_exist_ok=True)
 
 
@@ -416,10 +503,12 @@ def _config_has(kernel_root: pathlib.Path, release: str, option: str) -> bool:
     return f"\n{option}=" in "\n" + k.config.read_text()
 
 
-def ensure(spec: str | None = None, siw: bool = True) -> Kernel:
+def ensure(spec: str | None = None, siw: bool = True, testmod: bool | None = None) -> Kernel:
     """Fetch, unpack and build what the guest needs for --kernel spec (a suite or a release;
     None: kernel_choice()); reuses the cache when it is complete. siw=False: siw.ko only if
-    it is there already (a lab of rxe guests does not wait for its build)."""
+    it is there already (a lab of rxe guests does not wait for its build). testmod: build
+    rdmalab_warn.ko (True), only where it is there already (False), or None: also where it
+    costs seconds, a kernel of this machine's suite (no build chroot to make)."""
     with cache_lock():
         release, suite = resolve(spec)
         root = _unpack_kernel(release, suite)
@@ -430,7 +519,12 @@ def ensure(spec: str | None = None, siw: bool = True) -> Kernel:
             ko = _build_siw(release, root, suite)
         else:
             ko = None
-        return Kernel(release=release, root=root, siw_ko=ko, suite=suite)
+        if testmod is None:
+            testmod = suite.split("-")[0] == "bookworm"
+        tko: pathlib.Path | None = None
+        if testmod or (CACHE / f"testmod-{release}" / ".done").exists():
+            tko = _build_testmod(release, root, suite)
+        return Kernel(release=release, root=root, siw_ko=ko, suite=suite, testmod_ko=tko)
 
 
 # ---- module dependencies -------------------------------------------------------------
