@@ -2,8 +2,12 @@
 // as lab/vmlab/pcap.py writes and reads it.
 #pragma once
 
+#include <cstdint>
 #include <ctime>
+#include <iosfwd>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "faults/bytes.h"
 #include "faults/fd.h"
@@ -26,5 +30,32 @@ class PcapWriter {
   std::string path_;
   Fd fd_;
 };
+
+// Reads a classic pcap file as the switch writes it, and as tcpdump writes one (either byte
+// order, microsecond or nanosecond time stamps); Ethernet link type only.
+class PcapReader {
+ public:
+  struct Record {
+    uint64_t t_ns = 0;  // the record's time stamp (CLOCK_REALTIME of the writer) in ns
+    uint32_t orig_len = 0;
+    std::vector<uint8_t> data;  // as captured (orig_len or less)
+  };
+  // Opens the file and checks its header; throws std::runtime_error naming what is wrong.
+  explicit PcapReader(const std::string& path);
+  // The next record; nullopt at the end, or at a record cut off by the writer (torn_ says so).
+  std::optional<Record> next();
+  bool torn() const { return torn_; }
+
+ private:
+  uint32_t u32(const uint8_t* p) const;
+  std::string path_;
+  Fd fd_;
+  bool swap_ = false, nanos_ = false, torn_ = false;
+};
+
+// One JSON object a line for each frame of a pcap file: {"i", "t_ns", "frame": summary()}, at
+// most max_frames of them (0: all); then one line {"end": true, "frames", "decoded", "torn"}.
+// Returns the frames decoded; throws std::runtime_error for a file that is not a pcap.
+uint64_t decode_pcap(const std::string& path, std::ostream& out, uint64_t max_frames = 0);
 
 }  // namespace rdmalab::faults

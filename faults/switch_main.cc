@@ -1,6 +1,8 @@
 // rdmalab-switch: the VM lab's fabric switch with fault rules (switch.h). A drop-in for
 // lab/vmlab/switch.py: --sock PATH [--peer PATH ...] [--pcap FILE] [--keep], plus
 // --control PATH (the rule socket) and --seed N (the probability rules' generator).
+// --decode-pcap FILE [--max-frames N]: no switch; prints the parser's summary of each frame of a
+// capture, one JSON line each (decode_pcap, pcap.h), for a scenario's evidence.
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <string_view>
 
@@ -23,15 +26,30 @@ using rdmalab::faults::SwitchOptions;
 
 constexpr const char* kUsage =
     "usage: rdmalab-switch --sock PATH [--peer PATH ...] [--pcap FILE] [--control PATH]\n"
-    "                      [--seed N] [--keep]\n";
+    "                      [--seed N] [--keep]\n"
+    "       rdmalab-switch --decode-pcap FILE [--max-frames N]\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "%srdmalab-switch: error: %s\n", kUsage, msg.c_str());
   std::exit(2);
 }
 
+uint64_t parse_uint(const std::string& opt, const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const uint64_t v = std::strtoull(s.c_str(), &end, 0);
+  if (s.empty() || *end != '\0' || errno != 0 || s[0] == '-')
+    usage_error(opt + ": expected an unsigned integer, got '" + s + "'");
+  return v;
+}
+
+struct Decode {
+  std::string pcap;  // --decode-pcap: "" = run the switch
+  uint64_t max_frames = 0;
+};
+
 // argparse's forms: "--opt VALUE" and "--opt=VALUE".
-SwitchOptions parse_args(int argc, char** argv, bool& keep) {
+SwitchOptions parse_args(int argc, char** argv, bool& keep, Decode& decode) {
   SwitchOptions o;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -56,12 +74,11 @@ SwitchOptions parse_args(int argc, char** argv, bool& keep) {
     } else if (arg == "--control") {
       o.control = next();
     } else if (arg == "--seed") {
-      const std::string s = next();
-      char* end = nullptr;
-      errno = 0;
-      o.seed = std::strtoull(s.c_str(), &end, 0);
-      if (s.empty() || *end != '\0' || errno != 0 || s[0] == '-')
-        usage_error("--seed: expected an unsigned integer, got '" + s + "'");
+      o.seed = parse_uint("--seed", next());
+    } else if (arg == "--decode-pcap") {
+      decode.pcap = next();
+    } else if (arg == "--max-frames") {
+      decode.max_frames = parse_uint("--max-frames", next());
     } else if (arg == "--keep" && !has_value) {
       keep = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -71,6 +88,12 @@ SwitchOptions parse_args(int argc, char** argv, bool& keep) {
       usage_error("unrecognized argument: " + std::string(argv[i]));
     }
   }
+  if (!decode.pcap.empty()) {
+    if (!o.sock.empty() || !o.control.empty() || !o.peers.empty() || !o.pcap.empty())
+      usage_error("--decode-pcap runs no switch: no --sock, --peer, --pcap or --control");
+    return o;
+  }
+  if (decode.max_frames != 0) usage_error("--max-frames goes with --decode-pcap");
   if (o.sock.empty()) usage_error("the following argument is required: --sock");
   return o;
 }
@@ -79,7 +102,18 @@ SwitchOptions parse_args(int argc, char** argv, bool& keep) {
 
 int main(int argc, char** argv) {
   bool keep = false;
-  SwitchOptions o = parse_args(argc, argv, keep);
+  Decode decode;
+  SwitchOptions o = parse_args(argc, argv, keep, decode);
+  if (!decode.pcap.empty()) {
+    try {
+      rdmalab::faults::decode_pcap(decode.pcap, std::cout, decode.max_frames);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rdmalab-switch: %s\n", e.what());
+      return 1;
+    }
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  }
   // SIGTERM and SIGINT arrive through a signalfd in the poll loop: a clean stop between frames.
   sigset_t mask;
   sigemptyset(&mask);
