@@ -30,7 +30,7 @@ constexpr std::array<OpInfo, 9> kOps = {{
     {Op::kCounters, "counters", {}},
     {Op::kHistory, "history", {"since", "limit"}},
     {Op::kHosts, "hosts", {"hosts"}},
-    {Op::kPcap, "pcap", {"path"}},
+    {Op::kPcap, "pcap", {"path", "max_bytes"}},
 }};
 
 // A bad request; the message names the field.
@@ -105,14 +105,15 @@ json Switch::handle(const json& req) {
       case Op::kPcap: {
         if (!req.contains("path")) throw RequestError{"path: missing (a file name, or null)"};
         const json& p = req["path"];
-        if (p.is_null()) {
-          pcap_.reset();
-          return {{"ok", true}, {"path", nullptr}};
-        }
-        if (!p.is_string()) throw RequestError{"path: expected a string or null"};
+        if (!p.is_null() && !p.is_string()) throw RequestError{"path: expected a string or null"};
+        const uint64_t max_bytes = get_uint(req, "max_bytes", 0);
+        // The capture that ends: what it wrote and what its cap kept out.
+        json closed = nullptr;
+        if (pcap_)
+          closed = {{"path", pcap_->path()}, {"frames", pcap_->frames()}, {"skipped", pcap_->skipped()}};
         pcap_.reset();  // the old capture ends even if the new file cannot be opened
-        pcap_.emplace(p.get<std::string>());
-        return {{"ok", true}, {"path", p}};
+        if (!p.is_null()) pcap_.emplace(p.get<std::string>(), max_bytes);
+        return {{"ok", true}, {"path", p}, {"closed", closed}};
       }
     }
     return error("op: not handled");

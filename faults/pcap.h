@@ -17,18 +17,23 @@ namespace rdmalab::faults {
 class PcapWriter {
  public:
   // Creates (truncates) the file and writes the global header; throws std::system_error.
-  explicit PcapWriter(const std::string& path);
+  // max_bytes (0: no cap): the file stops growing there; later frames are counted as skipped
+  // (a bulk-data scenario's capture stays small).
+  explicit PcapWriter(const std::string& path, uint64_t max_bytes = 0);
 
   // One record; false once a write failed (the file is closed then). when: CLOCK_REALTIME,
   // since pcap readers expect wall-clock time.
   bool write(Bytes frame, const timespec& when);
   const std::string& path() const { return path_; }
+  uint64_t frames() const { return frames_; }    // written
+  uint64_t skipped() const { return skipped_; }  // not written: past max_bytes
 
  private:
   bool write_all(const void* data, size_t n);
 
   std::string path_;
   Fd fd_;
+  uint64_t max_bytes_ = 0, bytes_ = 0, frames_ = 0, skipped_ = 0;
 };
 
 // Reads a classic pcap file as the switch writes it, and as tcpdump writes one (either byte

@@ -14,7 +14,8 @@
 //   counters                       -> counters: {frames, actions, rules, forward}
 //   history     since: SEQ, limit  -> records: [...], last_seq, evicted
 //   hosts       hosts: {"a": {"mac": "52:54:00:..", "ip": "10.0.0.1"}}  -> hosts (no key: query)
-//   pcap        path: FILE | null  -> path
+//   pcap        path: FILE | null, max_bytes: N (0: no cap)  -> path, closed: {path, frames,
+//               skipped} of the capture it ended (null if none); skipped: frames past max_bytes
 // e.g. {"op":"add_rule","rule":{"action":"drop","cm":"DREP"}} -> {"ok":true,"id":1}. A line that
 // is not a valid request gets an error reply and the connection stays usable; a line longer
 // than max_line gets an error reply and the connection is closed.

@@ -485,6 +485,27 @@ TEST_F(SwitchTest, PcapRecordsEveryFrameReceived) {
   EXPECT_EQ(bad["ok"], false);
 }
 
+TEST_F(SwitchTest, PcapCappedByMaxBytesCountsWhatItKeptOut) {
+  start();
+  Control c(control_path());
+  const std::string capped = dir_ + "/capped.pcap";
+  const Frame8 drep = cm_drep();
+  // Room for the 24-byte header and exactly two records of this frame.
+  const uint64_t max_bytes = 24 + 2 * (16 + drep.size());
+  EXPECT_EQ(request(c, {{"op", "pcap"}, {"path", capped}, {"max_bytes", max_bytes}})["ok"], true);
+  for (int i = 0; i < 5; ++i) {
+    vm1_->send(sock(), drep);
+    ASSERT_TRUE(recv(*vm2_));  // forwarded all the same
+  }
+  const json r = request(c, {{"op", "pcap"}, {"path", nullptr}});
+  EXPECT_EQ(r["closed"]["path"], capped);
+  EXPECT_EQ(r["closed"]["frames"], 2);
+  EXPECT_EQ(r["closed"]["skipped"], 3);
+  EXPECT_EQ(read_pcap(capped), (std::vector<Frame8>{drep, drep}));
+  EXPECT_EQ(request(c, {{"op", "pcap"}, {"path", nullptr}})["closed"], nullptr);
+  EXPECT_EQ(request(c, {{"op", "pcap"}, {"path", capped}, {"max_bytes", -1}})["ok"], false);
+}
+
 TEST_F(SwitchTest, ControlProtocol) {
   start();
   Control c(control_path());
