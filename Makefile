@@ -14,7 +14,7 @@ DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-j
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
         libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev \
         prometheus prometheus-pushgateway python3-yaml python3-rpyc nftables clang libclang-rt-14-dev \
-        openssh-server openssh-client python3-pytest-xdist
+        openssh-server openssh-client python3-pytest-xdist python3-jinja2
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
@@ -22,7 +22,7 @@ PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
         vmlab-deps vmlab test-vm fuzz test-fuzz bench \
         build-module build-tsan test-tsan test-tsan-vm vmlab-prepare test-vm-rxe test-vm-siw \
-        test-netns test-matrix test-container
+        test-netns test-matrix test-container test-browser
 
 all: build
 
@@ -144,7 +144,8 @@ test-fuzz:
 # phases' logs and a per-phase time breakdown are printed. All phases run even when one fails.
 # The lanes are about as long as each other (measured: the VM lane ~900 s, the side lane
 # ~850 s from a fresh clone on 2 cores); the fuzz target closes the VM lane, whose guests are
-# gone by then, while the ASan build finishes beside it.
+# gone by then, while the ASan build finishes beside it. test-browser waits for test-vm-siw's
+# report and ends the side lane.
 TEST_PHASES := \
   vm:build-module \
   side:vmlab-prepare \
@@ -159,7 +160,8 @@ TEST_PHASES := \
   side:build-tsan:nice \
   side:test-tsan:after=build-tsan \
   side:build-asan:nice \
-  side:test-asan:after=build-asan
+  side:test-asan:after=build-asan \
+  side:test-browser:nice:after=test-vm-siw
 
 test: deps vmlab-deps
 	$(PYTHON) tests/phases.py --make "$(MAKE)" --out $(OUT)/test-phases $(TEST_PHASES)
@@ -173,15 +175,23 @@ RUN_LABS ?= --lab model:roce --lab model:iwarp-siw --lab model:ib --lab vm:rxe -
 run: build vmlab-deps
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare || \
 	  echo "run: the VM lab's kernel could not be prepared; the CLI falls back to the model"
-	$(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT)
+	@echo "$(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT)"; \
+	rc=0; $(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT) || rc=$$?; \
+	$(call report_at,$(OUT)); exit $$rc
+
+# $(call report_at,DIR): where a run's report is (printed also when the run failed).
+report_at = if [ -f $(1)/report.html ]; then \
+	  echo "report: $(1)/report.html"; echo "        file://$(abspath $(1))/report.html"; \
+	else echo "report: none written ($(1)/report.html is missing)"; fi
 
 # The scenarios on real kernel drivers, two qemu hosts each, one device at a time (2 cores:
 # four TCG guests at once would starve): rxe through an inventory of guests that `lab.vmlab
 # up` boots and that see nothing of this checkout (the agent is shipped to them over SSH, as
 # to real machines), then a host lost mid-scenario on those guests (tests/vm); siw through
-# `--lab vm:siw`, the one-command path. Each beside the model personality that predicts it
-# (roce, iwarp-siw), so pytest's summary compares them ("rdmalab: model vs device"). All run
-# even when one fails; the target fails if any did.
+# `--lab vm:siw`, the one-command path (`rdmalab run`: its report, $(OUT)/vm-siw/report.html,
+# is what test-browser opens). Each beside the model personality that predicts it (roce,
+# iwarp-siw), so pytest's summary compares them ("rdmalab: model vs device"). All run even when
+# one fails; the target fails if any did.
 #
 # VM_SYSCTL: sysctls the guests boot with. net.ipv4.tcp_syn_retries=2 makes siw's
 # never-answered connect give up after 7 s instead of 127 s; the caps read the sysctl, so
@@ -211,9 +221,19 @@ test-vm-rxe: $(call needs,build-module vmlab-prepare)
 	exit $$rc
 
 test-vm-siw: $(call needs,build-module vmlab-prepare)
-	@echo "== scenarios on vm:siw ($(VM_HOSTS) hosts)"
-	$(VM_PYTEST) tests/scenarios --lab model:iwarp-siw --lab vm:siw --vm-hosts $(VM_HOSTS) \
-	  --rdmalab-timeout 180 -rxXs
+	@echo "== scenarios on vm:siw ($(VM_HOSTS) hosts), written to $(OUT)/vm-siw"
+	@rc=0; RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTHON) -m rdmalab run --lab model:iwarp-siw \
+	  --lab vm:siw --vm-hosts $(VM_HOSTS) --timeout 180 --out $(OUT)/vm-siw -- -rfEsxX || rc=$$?; \
+	$(call report_at,$(OUT)/vm-siw); exit $$rc
+
+# The report of test-vm-siw's run in headless Chromium (tests/browser): the matrix and each
+# ladder rendered (arrows counted against the histories), a screenshot in $(OUT)/browser.
+BROWSER_DEBS := chromium
+
+test-browser:
+	$(call install_missing,$(BROWSER_DEBS))
+	RDMALAB_REPORT_DIR=$(abspath $(OUT))/vm-siw RDMALAB_SCREENSHOT=$(abspath $(OUT))/browser/report.png \
+	  $(PYTEST) tests/browser -rs
 
 # The netns lab (lab/netns.py): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
 # each. This machine's kernel has no rxe, so they live inside one guest booted with

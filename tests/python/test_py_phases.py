@@ -71,3 +71,14 @@ def test_a_phase_past_its_deadline_is_stopped_and_named(tmp_path):
 def test_a_malformed_phase_list_is_refused_by_name(specs, message):
     with pytest.raises(SystemExit, match=message):
         phases.parse(specs)
+
+
+def test_the_makefiles_phase_list_parses_and_the_browser_test_follows_its_report():
+    # make test's own list (Makefile TEST_PHASES), read through make itself.
+    r = subprocess.run(["make", "-s", "--no-print-directory", "--eval",
+                        "print-test-phases: ; @echo $(TEST_PHASES)", "print-test-phases"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = {p.target: p for p in phases.parse(r.stdout.split())}
+    assert got["test-browser"].after == ["test-vm-siw"]   # it opens test-vm-siw's report
+    assert got["test-browser"].lane != got["test-vm-siw"].lane
