@@ -322,6 +322,8 @@ def pytest_configure(config):
     config.stash[_RESULTS] = []
     config.pluginmanager.register(_ResultCollector(config), "rdmalab-results")
     metrics_pytest.configure(config, config.stash[_SETTINGS].specs)
+    from . import progress  # long waits' progress lines, written past pytest's capture
+    progress.install_pytest_sink(config)
 
 
 def pytest_sessionfinish(session):
