@@ -1,11 +1,15 @@
 """python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--kernel sid] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
-python3 -m rdmalab report DIR/junit.xml
+python3 -m rdmalab report DIR   (or DIR/junit.xml)
 python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
-rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl and DIR/report.txt, and prints
-the result table. Exit status: pytest's (non-zero when anything failed).
+rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl, DIR/report.txt and
+DIR/report.html (the result matrix and a ladder diagram per scenario, self-contained), and
+prints the result table. Exit status: pytest's (non-zero when anything failed).
+
+report: the result table of a run's JUnit XML, and DIR/report.html rebuilt from DIR's files.
+Exit status 1 when a result failed, 2 when an input file could not be read.
 
 findings: checks the findings registry (bindings/rdmalab/findings.toml) and prints README's
 findings tables as markdown; with --readme, rewrites the block between <!-- findings:begin -->
@@ -54,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-push", metavar="URL", default=None,
                      help="push the metrics to this Pushgateway at the end (off by default)")
     run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
-    rep = sub.add_parser("report", help="print the result table of a JUnit XML file")
-    rep.add_argument("junit")
+    rep = sub.add_parser("report", help="print the result table of a run and rebuild its "
+                                        "report.html")
+    rep.add_argument("junit", metavar="DIR|JUNIT",
+                     help="the run's output directory, or its junit.xml")
     fnd = sub.add_parser("findings", help="check the findings registry and print README's "
                                           "findings tables (or rewrite them: --readme)")
     fnd.add_argument("--readme", default=None,
@@ -125,7 +131,42 @@ def run(args, extra: list[str]) -> int:
     print("\n" + table, end="")
     if report.failed(results) and rc == 0:
         rc = 1
+    write_html(out, junit)
     return rc
+
+
+def write_html(out: Path, junit: Path) -> bool:
+    """Writes out/report.html and prints its path; False (having said why) when an input could
+    not be read."""
+    from . import html_report
+    try:
+        path, problems = html_report.write(out, junit)
+    except html_report.ReportError as e:
+        print(f"rdmalab report: {e}", file=sys.stderr)
+        return False
+    except ImportError as e:
+        print(f"rdmalab report: no report.html: {e} (apt-get install python3-jinja2)",
+              file=sys.stderr)
+        return False
+    for problem in problems:
+        print(f"rdmalab report: {problem}", file=sys.stderr)
+    print(f"report: {path}")
+    return not problems
+
+
+def report_command(args) -> int:
+    given = Path(args.junit)
+    out, junit = (given, given / "junit.xml") if given.is_dir() else (given.parent, given)
+    from .html_report import ReportError, read_results
+    try:
+        results = read_results(junit)
+    except ReportError as e:
+        print(f"rdmalab report: {e}", file=sys.stderr)
+        return 2
+    print(report.format_table(results), end="")
+    if not write_html(out, junit):
+        return 2
+    return 1 if report.failed(results) else 0
 
 
 def findings_command(args) -> int:
@@ -169,6 +210,4 @@ def main(argv=None) -> int:
         return run(args, extra)
     if args.command == "findings":
         return findings_command(args)
-    results = report.read_junit(args.junit)
-    print(report.format_table(results), end="")
-    return 1 if report.failed(results) else 0
+    return report_command(args)

@@ -21,24 +21,29 @@ class Result:
     #               host_lost (a host stopped answering mid-scenario)
     message: str
     properties: dict
+    classname: str = ""  # the JUnit testcase's, which name its history files
+    name: str = ""
+    detail: str = ""     # the failure's or skip's full text, when the JUnit file has it
 
 
 def read_junit(path: str) -> list[Result]:
     results = []
     for case in ET.parse(path).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        outcome, message = "passed", ""
+        outcome, message, detail = "passed", "", ""
         for tag, name in (("skipped", "skipped"), ("error", "error"), ("failure", "failed")):
             node = case.find(tag)
             if node is not None:
                 outcome, message = name, node.get("message") or ""
+                detail = (node.text or "").strip()
                 if tag == "skipped" and node.get("type") == "pytest.xfail":
                     outcome = "finding"  # a known device divergence, reproduced
         if props.get("outcome") == "host_lost":
             outcome = "host_lost"
         scenario, column = split_name(case.get("classname", ""), case.get("name", ""), props)
         column = kernel_column(column, props)
-        results.append(Result(scenario, column, outcome, message, props))
+        results.append(Result(scenario, column, outcome, message, props,
+                              case.get("classname", ""), case.get("name", ""), detail))
     return results
 
 
