@@ -17,13 +17,15 @@ state names are the spec's ("DISCONNECTED", "TIMEWAIT"); timeouts are relative n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno as _errno
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
-from . import _core
+from . import _core, progress
 from .errors import DeadlineExceeded, Error, Hung, make_error, raise_parked
 from .names import allowed, name, parse, sec
+from .protocol import VIRTUAL_TIME
 from .requests import make_qp_cap
 from .verbs import Context, Cq, Pd, Qp, unwrap
 
@@ -36,6 +38,14 @@ _REJ_NAME = {v: k for k, v in REJ_REASON.items()}
 _PARAM_KEYS = ("responder_resources", "initiator_depth", "retry_count", "rnr_retry_count")
 _QP_KEYS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
 DEFAULT_PORT = 7471
+
+
+def _waiting(lab, what: str, timeout_ns: int):
+    """A progress line every 10 s while a device lab's wait runs long (rdmalab.progress); a
+    model lab's waits are on its virtual clock and say nothing."""
+    if lab.has(VIRTUAL_TIME):
+        return contextlib.nullcontext()
+    return progress.Waiting(what, timeout_ns / 1e9)
 
 
 def status_name(event: str, status: int) -> str:
@@ -190,7 +200,10 @@ class CmChannel:
         spec = _spec(dst, port, timing=timing, private_data=private_data, cqe=cqe,
                      resolve_timeout_ns=resolve_timeout_ns, **kw)
         try:
-            conn = self._run(_core.cm_connect, self._pump, spec, self.lab.now_ns + timeout_ns)
+            with _waiting(self.lab, f"connecting {self.process.host.name} to {dst} "
+                          f"(resolve, route, rdma_connect)", timeout_ns):
+                conn = self._run(_core.cm_connect, self._pump, spec,
+                                 self.lab.now_ns + timeout_ns)
         except DeadlineExceeded as e:
             raise self._hung(e.detail, timeout_ns, e.verb) from e
         cm_id = self._wrap(conn.id, "active side")
@@ -339,8 +352,11 @@ class CmId:
                           if f != want.name]
         pump, deadline = self.channel._pump, self.lab.now_ns + timeout_ns
         index = 0
-        for _ in range(min_count):
-            rec = self._run(lambda: pump.wait_first(self.id, types, deadline, index))
+        for n in range(min_count):
+            what = (f"waiting for {want.name}" + (f" #{n + 1}" if min_count > 1 else "")
+                    + f" on {self._where()}")
+            with _waiting(self.lab, what, deadline - self.lab.now_ns):
+                rec = self._run(lambda: pump.wait_first(self.id, types, deadline, index))
             if rec is None:
                 raise self._hung(f"waiting for {want.name}", timeout_ns)
             got = CmEvent.from_core(rec.event, rec.read_ns)
@@ -352,7 +368,9 @@ class CmId:
     def wait_request(self, timeout_ns: int = sec(1)) -> "CmId":
         """A listener's next CONNECT_REQUEST, as the new passive id (.request is the event)."""
         pump = self.channel._pump
-        ev = self._run(lambda: pump.next_connect_request(self.id, self.lab.now_ns + timeout_ns))
+        with _waiting(self.lab, f"waiting for CONNECT_REQUEST on {self._where()}", timeout_ns):
+            ev = self._run(lambda: pump.next_connect_request(self.id,
+                                                             self.lab.now_ns + timeout_ns))
         if ev is None:
             raise self._hung("waiting for CONNECT_REQUEST", timeout_ns)
         cm_id = self.channel._wrap(self.channel._o.cm_id(ev.id), "passive side")
@@ -438,6 +456,9 @@ class CmId:
             if r.event.seq == seq:
                 return i
         return 0
+
+    def _where(self) -> str:
+        return f"{self.channel.process.host.name} ({self.role} {self.label})"
 
     def _states(self) -> str:
         try:

@@ -69,15 +69,18 @@ def _secs(s: float) -> str:
 class Waiting:
     """A context for one wait with a deadline: after MIN_S seconds, a line every EVERY_S
     seconds saying what it waits for, how long it has waited and how long is left.
-    source prefixes the line ("rdmalab", "vmlab"); the running test's name follows it."""
+    source prefixes the line ("rdmalab", "vmlab"); the running test's name follows it.
+    started: the wait's start (time.monotonic()) where it began before the context."""
 
     def __init__(self, what: str, deadline_s: float, *, source: str = "rdmalab",
-                 min_s: float = MIN_S, every_s: float = EVERY_S) -> None:
+                 min_s: float = MIN_S, every_s: float = EVERY_S,
+                 started: Optional[float] = None) -> None:
         if every_s <= 0:
             raise ValueError(f"Waiting every_s={every_s}: must be positive")
         self.what, self.deadline_s, self.source = what, float(deadline_s), source
         self.min_s, self.every_s = min_s, every_s
         self.test = current_test()
+        self.started = started  # time.monotonic() when the wait began, if before __enter__
         self.start = 0.0
         self.next_at = 0.0
         self.lines = 0  # how many lines this wait printed
@@ -89,7 +92,7 @@ class Waiting:
                 f"{_secs(max(0.0, self.deadline_s - waited))} left of {_secs(self.deadline_s)}")
 
     def __enter__(self) -> "Waiting":
-        self.start = time.monotonic()
+        self.start = time.monotonic() if self.started is None else self.started
         self.next_at = self.start + self.min_s
         if self.deadline_s > self.min_s:
             _ticker.add(self)
@@ -107,6 +110,7 @@ class _Ticker:
         self._active: dict[int, Waiting] = {}
         self._thread: Optional[threading.Thread] = None
         self._wake_at = float("inf")  # when the thread wakes by itself
+        self._printing: set[int] = set()  # the waits whose lines are being written now
 
     def add(self, w: Waiting) -> None:
         with self._cond:
@@ -121,6 +125,8 @@ class _Ticker:
     def remove(self, w: Waiting) -> None:
         with self._cond:
             self._active.pop(id(w), None)
+            while id(w) in self._printing:  # its line is being written: return after it
+                self._cond.wait(1.0)
 
     def _loop(self) -> None:
         while True:
@@ -130,13 +136,21 @@ class _Ticker:
                 for w in self._active.values():
                     if w.next_at <= now:
                         due.append(w.line(now))
+                        self._printing.add(id(w))
                         w.lines += 1
                         while w.next_at <= now:
                             w.next_at += w.every_s
                 self._wake_at = min((w.next_at for w in self._active.values()),
                                     default=float("inf"))
-            for line in due:  # outside the lock: a slow sink never delays a wait's end
-                say(line)
+            # Outside the lock (a stuck stderr must not block every wait's start and end);
+            # only a wait whose line this is waits for it in remove().
+            try:
+                for line in due:
+                    say(line)
+            finally:
+                with self._cond:
+                    self._printing.clear()
+                    self._cond.notify_all()
             with self._cond:
                 timeout = self._wake_at - time.monotonic()
                 if timeout > 0:
@@ -157,10 +171,11 @@ def install_pytest_sink(config) -> None:
     else:
         fd = os.dup(2)
     os.set_inheritable(fd, False)
-    reporter = config.pluginmanager.getplugin("terminalreporter")
     seen = [0]  # the reporter's column when this sink last ended a line
 
     def sink(line: str) -> None:
+        # Looked up here: the terminal reporter may register after this plugin's configure.
+        reporter = config.pluginmanager.getplugin("terminalreporter")
         tw = getattr(reporter, "_tw", None)
         col = int(getattr(tw, "width_of_current_line", 0) or 0) if tw is not None else 0
         mid_line = col > 0 and col != seen[0]  # it wrote since: not at a line's start

@@ -69,9 +69,10 @@ def say(msg: str) -> None:
     progress().say(f"vmlab: {msg}")
 
 
-def waiting(what: str, deadline_s: float):
-    """A progress.Waiting for one of the VM lab's long steps ("vmlab: <what>: 20 s, ...")."""
-    return progress().Waiting(what, deadline_s, source="vmlab")
+def waiting(what: str, deadline_s: float, started: float | None = None):
+    """A progress.Waiting for one of the VM lab's long steps ("vmlab: <what>: 20 s, ...");
+    started: when the step began (time.monotonic()), if before now."""
+    return progress().Waiting(what, deadline_s, source="vmlab", started=started)
 
 
 class KernelError(RuntimeError):

@@ -340,24 +340,27 @@ def up(device: str, n: int, inventory: pathlib.Path, memory_mb: int) -> int:
     side.write_text(json.dumps({"state": str(state), "supervisor_pid": proc.pid}) + "\n")
     _log(f"supervisor pid {proc.pid}, state {state}")
     end = t0 + UP_DEADLINE_S
-    while (info := read_state(state)).get("state") != "ready":
-        why = None
-        if info.get("state") == "error":
-            why = f"the supervisor failed: {str(info.get('error')).splitlines()[0]}"
-        elif proc.poll() is not None:
-            why = f"the supervisor exited (rc {proc.returncode}) before the guests were ready"
-        elif time.monotonic() > end:
-            why = f"the guests were not ready after {UP_DEADLINE_S:.0f} s"
-        else:
-            try:
-                time.sleep(0.5)
-            except KeyboardInterrupt:
-                why = "interrupted"
-        if why:
-            stop(state, 30.0, proc.pid)
-            proc.poll()
-            side.unlink(missing_ok=True)
-            raise UpError(f"{why}\n{diagnostics(state)}")
+    # The supervisor's own lines (each guest's boot) go to serve.log; this one says the whole.
+    with kernel_mod.waiting(f"up: {n} {device} guest{'s' * (n > 1)} ({kernel_mod.kernel_choice()})"
+                            f" starting, log {state}/serve.log", UP_DEADLINE_S, started=t0):
+        while (info := read_state(state)).get("state") != "ready":
+            why = None
+            if info.get("state") == "error":
+                why = f"the supervisor failed: {str(info.get('error')).splitlines()[0]}"
+            elif proc.poll() is not None:
+                why = f"the supervisor exited (rc {proc.returncode}) before the guests were ready"
+            elif time.monotonic() > end:
+                why = f"the guests were not ready after {UP_DEADLINE_S:.0f} s"
+            else:
+                try:
+                    time.sleep(0.5)
+                except KeyboardInterrupt:
+                    why = "interrupted"
+            if why:
+                stop(state, 30.0, proc.pid)
+                proc.poll()
+                side.unlink(missing_ok=True)
+                raise UpError(f"{why}\n{diagnostics(state)}")
     try:
         inventory.write_text(inventory_text(info, device, inventory))
     except OSError as exc:

@@ -135,8 +135,9 @@ class VmSpec:
 
 class Vm:
     def __init__(self, spec: VmSpec, workdir: pathlib.Path, switch_sock: pathlib.Path,
-                 vmlinuz: pathlib.Path, initrd: pathlib.Path) -> None:
+                 vmlinuz: pathlib.Path, initrd: pathlib.Path, release: str = "") -> None:
         self.spec = spec
+        self.release = release  # the kernel's, for progress lines
         self.dir = workdir / spec.name
         self.share = self.dir / "share"
         self.sock = workdir / f"{spec.name}.sock"
@@ -231,7 +232,13 @@ class Vm:
                 f"{tail(self.serial_log)}\n--- qemu log ---\n{tail(self.qemu_log, 10)}")
 
     def wait_ready(self, deadline_s: float = BOOT_DEADLINE_S) -> float:
-        """Waits for the agent's marker and a ping; returns seconds since start()."""
+        """Waits for the agent's marker and a ping; returns seconds since start(). Says how
+        long the boot has taken every 10 s after the first 5 (kernel_mod.waiting)."""
+        what = f"{self.spec.name} booting {self.release or self.vmlinuz.name} ({self.spec.rdma})"
+        with kernel_mod.waiting(what, deadline_s, started=self.started_at):
+            return self._wait_ready(deadline_s)
+
+    def _wait_ready(self, deadline_s: float) -> float:
         end = self.started_at + deadline_s
         while True:
             text = self.serial_log.read_text(errors="replace") if self.serial_log.exists() else ""
@@ -327,7 +334,8 @@ class Lab:
         self.switch_sock = self.workdir / "sw.sock"
         self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, cpus, ssh_keys=keys, hide=list(hide or []),
                            sysctl=dict(sysctl)),
-                       self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd)
+                       self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd,
+                       release=self.kernel.release)
                     for i in range(n)]
         self.switch: subprocess.Popen | None = None
         self.switch_control: pathlib.Path | None = None  # the fault switch's control socket
