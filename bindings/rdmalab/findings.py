@@ -41,7 +41,7 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
 _PROVIDER = re.compile(r"^[a-z0-9_]+$")
 _SCENARIO = re.compile(r"^tests/[\w/.-]+\.py::[\w]+$")
 _FIELDS = {"kind", "provider", "models", "summary", "rule", "source", "kernels", "reproducer",
-           "evidence", "scenario", "raises", "writeup"}
+           "evidence", "scenario", "raises", "writeup", "kernel_log"}
 _RULE_FIELDS = {"citation", "quote"}
 _SOURCE_FIELDS = {"file", "function"}
 _KERNEL_FIELDS = {"reproduces", "fixed", "checked", "since"}
@@ -89,6 +89,16 @@ class Entry:
     scenarios: tuple[str, ...]   # test node ids without parameters
     raises: str
     writeup: str
+    # Regexes (re.search, multi-line) of kernel-log splats this entry expects on its
+    # providers and kernels: such a splat does not fail the scenario (rdmalab.kernlog).
+    kernel_log: tuple[str, ...] = ()
+
+    def expects_splat(self, key: str, kernel_release: str, text: str) -> bool:
+        """Whether a splat (its whole text) is one this entry expects on this driver and
+        kernel: on the entry's keys and kernels [since, fixed), as applies_to."""
+        if not self.kernel_log or not self.applies_to(key, kernel_release):
+            return False
+        return any(re.search(p, text, re.M) for p in self.kernel_log)
 
     @property
     def xfails(self) -> bool:
@@ -143,6 +153,10 @@ class Registry:
 
     def of_kind(self, kind: str) -> list[Entry]:
         return [e for e in self if e.kind == kind]
+
+    def expected_splat(self, key: str, kernel_release: str, text: str) -> Optional[Entry]:
+        """The first entry whose kernel_log expects this splat on this driver and kernel."""
+        return next((e for e in self if e.expects_splat(key, kernel_release, text)), None)
 
 
 def resolve_exception(name: str) -> Optional[type]:
@@ -294,8 +308,25 @@ class _Checker:
         writeup = self.string(raw, "writeup", "writeup", required=finding)
         if writeup and not re.match(r"^docs/findings/[\w.+-]+\.md$", writeup):
             self.error("writeup", f"{writeup!r}: a path docs/findings/<id>.md")
+        kernel_log = self.patterns(raw, "kernel_log")
         return Entry(entry_id, kind, providers, models, summary, rule, sources, kernels,
-                     reproducer, evidence, scenarios, raises, writeup)
+                     reproducer, evidence, scenarios, raises, writeup, kernel_log)
+
+    def patterns(self, raw: dict, key: str) -> tuple[str, ...]:
+        """A list of regexes that compile (kernel_log)."""
+        if key not in raw:
+            return ()
+        value = raw[key]
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(x, str) and x.strip() for x in value)):
+            self.error(key, f"a non-empty list of regexes (strings), not {value!r}")
+            return ()
+        for p in value:
+            try:
+                re.compile(p)
+            except re.error as e:
+                self.error(key, f"{p!r} is not a regex: {e}")
+        return tuple(value)
 
     def rule(self, raw: Any, required: bool) -> Optional[Rule]:
         if raw is None:
