@@ -38,7 +38,8 @@ SWITCH_HOSTS = ("switch", "bridge")
 # Plumbing of the event channels: in every history, seen through the event it carries.
 HIDDEN = {"cm_event_read", "cm_event_dispatched", "cm_event_ack", "async_event_read",
           "async_event_ack", "event_dispatched", "handler_begin", "handler_end",
-          "cm_handler_begin", "cm_handler_end", "lab_start", "fabric_options", "cm_create"}
+          "cm_handler_begin", "cm_handler_end", "lab_start", "fabric_options", "cm_create",
+          "cm_retry"}  # (a retry's message arrow says #attempt)
 # Traffic: what a quiet stretch may hold (retries, frames, the switch acting on them).
 TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "cm_stale",
            "retransmit", "wire", "switch_watch", "switch_drop", "switch_delay",
@@ -392,6 +393,8 @@ def _quiet_label(duration_ns: int, inside: list[_Item]) -> str:
     retries: dict[str, int] = {}
     frames: dict[str, int] = {}
     sends = 0
+    # Frames as the wire records count them; the switch's watch records where there are none.
+    framing = "wire" if any(it.kind == "wire" for it in inside) else "switch_watch"
     for item in inside:
         rec = item.recs[0]
         data = rec.get("data") or {}
@@ -399,7 +402,7 @@ def _quiet_label(duration_ns: int, inside: list[_Item]) -> str:
             sends += 1
             if (data.get("attempt") or 1) > 1:
                 retries[data.get("msg", "?")] = retries.get(data.get("msg", "?"), 0) + 1
-        elif rec["kind"] in ("wire", "switch_watch"):
+        elif rec["kind"] == framing:
             lab = frame_label(data.get("frame") or {})
             frames[lab] = frames.get(lab, 0) + 1
     head = f"{duration_ns / 1e9:.1f} s: "
