@@ -27,7 +27,9 @@ siw: its sockets are kernel TCP sockets; how siw behaves in namespaces is still 
 """
 from __future__ import annotations
 
+import os
 import re
+import select
 import shlex
 import subprocess
 import time
@@ -439,3 +441,81 @@ def kernel_support(outer: Machine, rdma: str = "rxe") -> Optional[str]:
         return None
     return (f"{outer.name}'s kernel {release} cannot host the netns lab with {rdma}: "
             + "; ".join(why))
+
+
+class BridgeCapture:
+    """tcpdump on the netns lab's bridge in the outer machine, for one scenario's evidence
+    (rdmalab.evidence): every frame between the hosts, as the fault switch's capture is in the
+    VM lab. At most max_frames frames (tcpdump -c) so a bulk-data scenario stays small.
+
+        cap = BridgeCapture(outer, "rlbr"); cap.start(); ...; cap.stop("wire.pcap")
+    """
+
+    def __init__(self, machine: Machine, bridge: str, max_frames: int = 20000,
+                 path: Optional[str] = None):
+        self.machine, self.bridge, self.max_frames = machine, bridge, max_frames
+        stamp = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.path = path or f"/tmp/rdmalab-bridge-{bridge}-{stamp}.pcap"
+        self.pidfile = self.path + ".pid"
+        self._proc: Optional[subprocess.Popen] = None
+
+    def start(self, deadline_s: float = 10.0) -> None:
+        """Starts tcpdump and returns once it listens (it says so on stderr)."""
+        # -U: each packet written when captured; -Z root: no switch to the tcpdump user,
+        # whose rights may not reach the file; the pid file lets stop() signal it there.
+        cmd = (f"{_PATH}echo $$ > {shlex.quote(self.pidfile)}; exec tcpdump -i "
+               f"{shlex.quote(self.bridge)} -U -n -Z root -c {int(self.max_frames)} "
+               f"-w {shlex.quote(self.path)}")
+        self._proc = self.machine.popen(cmd, root=True)
+        end = time.monotonic() + deadline_s
+        seen = b""
+        fd = self._proc.stdout.fileno()  # raw reads: popen gives text on one machine, bytes on another
+        while b"listening on" not in seen:
+            if self._proc.poll() is not None or time.monotonic() > end:
+                self._kill()
+                raise MachineError(
+                    f"{self.machine.name}: tcpdump on {self.bridge} did not start within "
+                    f"{deadline_s} s (rc {self._proc.returncode}; tcpdump is Debian's tcpdump "
+                    f"package): {seen.decode(errors='replace').strip()[-500:]}")
+            if select.select([fd], [], [], 0.05)[0]:
+                chunk = os.read(fd, 4096)
+                seen += chunk
+                if not chunk:
+                    time.sleep(0.01)
+
+    def stop(self, local: str, deadline_s: float = 10.0) -> dict:
+        """Stops tcpdump (SIGINT: it flushes and exits), copies the capture to `local` and
+        removes it there. {"frames": n} from tcpdump's count, "capped": max_frames when hit."""
+        if self._proc is None:
+            raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} was not started")
+        proc, self._proc = self._proc, None
+        if proc.poll() is None:
+            self.machine.run(f"kill -INT $(cat {shlex.quote(self.pidfile)}) 2>/dev/null; true",
+                             CMD_TIMEOUT_S, root=True)
+        try:
+            out = proc.communicate(timeout=deadline_s)[0] or b""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate(timeout=5)[0] or b""
+        text = out.decode(errors="replace") if isinstance(out, bytes) else out
+        m = re.search(r"(\d+) packets? captured", text)
+        frames = int(m.group(1)) if m else None
+        try:
+            self.machine.copy_from(self.path, local, CMD_TIMEOUT_S)
+        finally:
+            self.machine.run(f"rm -f {shlex.quote(self.path)} {shlex.quote(self.pidfile)}",
+                             CMD_TIMEOUT_S, root=True)
+        stats = {"frames": frames}
+        if frames is not None and frames >= self.max_frames:
+            stats["capped"] = self.max_frames
+        return stats
+
+    def _kill(self) -> None:
+        try:
+            self.machine.run(f"kill -9 $(cat {shlex.quote(self.pidfile)}) 2>/dev/null; "
+                             f"rm -f {shlex.quote(self.path)} {shlex.quote(self.pidfile)}",
+                             CMD_TIMEOUT_S, root=True)
+        except MachineError:
+            pass
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()

@@ -962,6 +962,7 @@ class AgentLab:
         self._faults = AgentFaults(self)
         self._records: list[dict] = []
         self._archived: list[dict] = []  # records of agents gone (a reboot, a kill, a loss)
+        self._merged: list[dict] = []  # records from outside the agents (evidence: wire, kmsg)
         self._followed: dict[str, list[dict]] = {n: [] for n in names}  # each host's records
         self._lost: dict[str, dict] = {}
         self._procs: list[AgentProcess] = []  # killable processes (agents of their own)
@@ -1196,11 +1197,25 @@ class AgentLab:
                            "kind": f"switch_{r.get('action', 'record')}", "data": r})
         with self._lock:
             merged += [dict(r) for r in self._archived]
+            merged += [dict(r) for r in self._merged]
             merged += [dict(r, host_seq=r["seq"]) for r in self._records]
         merged.sort(key=lambda r: (r["t_ns"], r["host"], r["host_seq"]))
         for i, r in enumerate(merged):
             r["seq"] = i
         return merged[since_seq:]
+
+    @property
+    def t0_ns(self) -> int:
+        """The lab's start on the controller's CLOCK_MONOTONIC: t_ns 0 of its history."""
+        return self._t0
+
+    def merge_records(self, records: list[dict]) -> None:
+        """Records made outside the agents (rdmalab.evidence: `wire` frames of the capture,
+        `kernel_log` splat lines), each {t_ns (lab time), host, object, kind, data}: merged
+        into the history on its time line, host_seq their order here."""
+        with self._lock:
+            base = len(self._merged)
+            self._merged += [dict(r, seq=0, host_seq=base + i) for i, r in enumerate(records)]
 
     def _agent_records(self, agent: Agent) -> list[dict]:
         """All of an agent's records (a killable process's agent, not followed)."""

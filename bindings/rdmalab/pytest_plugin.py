@@ -11,6 +11,9 @@ Options:
   --kernel K           the guests' kernel: bookworm (default), trixie, sid or a Debian release
   --seed N             seed of every lab (default 1); failures print how to replay
   --history-dir DIR    one JSON-lines history per lab, named after the test id
+  --evidence-dir DIR   an evidence bundle per scenario on a device lab (rdmalab.evidence:
+                       capture, rdma res, kernel logs, splats); default: `evidence` beside
+                       --history-dir when that is given, else none
   --rdmalab-timeout S  wall-clock safety net per test (default 300 s; 0 = off)
   --metrics-listen HOST:PORT, --metrics-push URL: Prometheus metrics (rdmalab.metrics_pytest)
 
@@ -23,6 +26,13 @@ the findings registry (rdmalab/findings.toml): on its providers a finding or unc
 divergence is a strict xfail, a provider fact is recorded on the passing cell (JUnit property
 provider_fact). The terminal summary compares each device column with the model column of its
 personality (rdmalab.agreement).
+
+Kernel logs are an oracle on device labs with evidence: a splat (WARNING, BUG, Oops, KASAN,
+UBSAN, RCU stall, hung task: rdmalab.kernlog) in a host's kernel log during a scenario, its
+lab's shutdown included, fails it (teardown; outcome "failed"), unless a findings-registry entry
+expects it on that driver and kernel (its kernel_log regexes). JUnit properties: history (paths
+relative to the run's directory), evidence (the bundle's directory), kernel_splat (the first
+splat's first line), kernel_splat_expected (the entry that expected it).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import faulthandler
 import functools
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -58,6 +69,9 @@ _RESULTS = pytest.StashKey[list]()  # report.Result per test and column, for the
 _REGISTRY = pytest.StashKey[findings.Registry]()
 # (property, id): a registry entry this lab's kernel has fixed, or is older than
 _FIXED = pytest.StashKey[tuple]()
+_EVIDENCE = pytest.StashKey[list]()  # evidence.Collector per lab of a test (None: a model lab)
+_SPLATS = pytest.StashKey[list]()    # the kernel-log splats its labs' evidence found
+_FILES = pytest.StashKey[dict]()     # {"history": [paths], "evidence": [dirs]} a test wrote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +285,7 @@ class Settings:
     seed: int
     history_dir: Optional[str]
     timeout_s: float
+    evidence_dir: Optional[str] = None
 
 
 def pytest_addoption(parser):
@@ -289,6 +304,10 @@ def pytest_addoption(parser):
     group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
     group.addoption("--history-dir", default=None,
                     help="write one JSON-lines history per lab into this directory")
+    group.addoption("--evidence-dir", default=None,
+                    help="an evidence bundle per scenario on device labs (capture, rdma res, "
+                         "kernel logs and their splats) in this directory; default: "
+                         "`evidence` beside --history-dir when that is given")
     group.addoption("--rdmalab-timeout", type=float, default=300.0,
                     help="wall-clock seconds per test before it fails (0 = no limit)")
     group.addoption("--findings-registry", default=None,
@@ -317,13 +336,25 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
     config.stash[_SETTINGS] = Settings(parse_lab_options(config.getoption("lab")),
                                        config.getoption("seed"), config.getoption("history_dir"),
-                                       config.getoption("rdmalab_timeout"))
+                                       config.getoption("rdmalab_timeout"),
+                                       evidence_dir(config))
     config.stash[_FAILURES] = []
     config.stash[_RESULTS] = []
     config.pluginmanager.register(_ResultCollector(config), "rdmalab-results")
     metrics_pytest.configure(config, config.stash[_SETTINGS].specs)
     from . import progress  # long waits' progress lines, written past pytest's capture
     progress.install_pytest_sink(config)
+
+
+def evidence_dir(config) -> Optional[str]:
+    """--evidence-dir, else `evidence` beside --history-dir, else None (no bundles)."""
+    given = config.getoption("evidence_dir", None)
+    if given:
+        return given
+    history = config.getoption("history_dir", None)
+    if history:
+        return os.path.join(os.path.dirname(os.path.abspath(history)), "evidence")
+    return None
 
 
 def pytest_sessionfinish(session):
@@ -369,12 +400,15 @@ def lab_factory(request, lab_spec):
     settings = request.config.stash[_SETTINGS]
     labs: list[Lab] = []
     request.node.stash[_LABS] = labs
+    collectors: list = []
+    request.node.stash[_EVIDENCE] = collectors
 
     def make(hosts=DEFAULT_HOSTS, seed: Optional[int] = None, **options) -> Lab:
         lab = lab_spec.build(settings.seed if seed is None else seed, hosts, **options)
         lab.replay = replay_command(request.node, lab_spec, settings.seed)
         labs.append(lab)
         metrics_pytest.attach(request.config, lab)
+        collectors.append(_start_evidence(request.node, lab, lab_spec, settings, collectors))
         return lab
 
     yield make
@@ -392,16 +426,82 @@ def hosts(lab):
     return tuple(lab.hosts.values())
 
 
+def _start_evidence(item, lab, spec: LabSpec, settings: Settings, collectors: list):
+    """An evidence.Collector begun for a device lab when bundles are wanted, else None. A
+    test's second lab renames the first's bundle <stem>.1 (as its history is named)."""
+    if not settings.evidence_dir or spec.backend == "model":
+        return None
+    from . import evidence
+    stem = history_name(item.nodeid)
+    n = len(collectors) + 1
+    if n == 2 and collectors[0] is not None:
+        first = collectors[0]
+        moved = first.dir.with_name(f"{stem}.1")
+        shutil.rmtree(moved, ignore_errors=True)
+        first.dir.rename(moved)
+        first.dir = moved
+    name = stem if n == 1 else f"{stem}.{n}"
+    try:
+        reg = registry(item.config)
+    except pytest.UsageError:
+        reg = None
+    directory = os.path.join(settings.evidence_dir, name)
+    shutil.rmtree(directory, ignore_errors=True)  # a rerun's bundle replaces the last one's
+    c = evidence.Collector(lab, directory, scenario=item.nodeid, column=spec.id, registry=reg)
+    c.begin()
+    return c
+
+
 def _finish_labs(item, labs: list[Lab], settings: Settings) -> None:
+    collectors = item.stash.get(_EVIDENCE, [])
+    files = item.stash.setdefault(_FILES, {"history": [], "evidence": []})
+    splats = item.stash.setdefault(_SPLATS, [])
     try:
         for i, lab in enumerate(labs):
+            c = collectors[i] if i < len(collectors) else None
+            path = None
             if settings.history_dir:
                 suffix = f".{i + 1}" if len(labs) > 1 else ""
-                lab.write_history(os.path.join(settings.history_dir,
-                                               history_name(item.nodeid) + suffix + ".jsonl"))
-            lab.shutdown()
+                path = os.path.join(settings.history_dir,
+                                    history_name(item.nodeid) + suffix + ".jsonl")
+            if c is None:
+                if path:
+                    lab.write_history(path)
+                    files["history"].append(path)
+                lab.shutdown()
+                continue
+            # A device lab with evidence: its history is written once the shutdown's kernel
+            # log and the capture are in it.
+            try:
+                c.scenario_end()
+                lab.shutdown()
+            finally:
+                splats += [dict(s, evidence=str(c.dir)) for s in c.finish()]
+                if path:
+                    lab.write_history(path)
+                    files["history"].append(path)
+                c.write_history(path)
+                files["evidence"].append(str(c.dir))
     finally:
         raise_parked()  # a handler or hook that raised fails the test here at the latest
+
+
+def _relative(paths: list[str], base: Optional[str]) -> str:
+    """Paths relative to the run's directory (the parent of base), comma separated."""
+    root = os.path.dirname(os.path.abspath(base)) if base else os.getcwd()
+    return ",".join(os.path.relpath(os.path.abspath(p), root) for p in paths)
+
+
+def splat_failure(splats: list[dict]) -> str:
+    """The failure text of the splats no registry entry expected ("" if none)."""
+    bad = [s for s in splats if not s.get("expected_by")]
+    if not bad:
+        return ""
+    first = bad[0]
+    hosts = sorted({s["host"] for s in bad})
+    return (f"KernelSplat: {len(bad)} kernel-log splat(s) on host(s) {', '.join(hosts)} during "
+            f"the scenario; first on host {first['host']} ({first.get('kernel') or 'kernel ?'}): "
+            f"{first['first_line']}  [{os.path.join(first['evidence'], first['file'])}]")
 
 
 def history_name(nodeid: str) -> str:
@@ -585,6 +685,19 @@ def pytest_runtest_makereport(item, call):
                                  call.excinfo.exconly()))
         rep.longrepr = f"HostLost: {text}"
         phases["host_lost"] = text
+    splats = item.stash.get(_SPLATS, [])
+    failure = splat_failure(splats) if rep.when == "teardown" else ""
+    if failure and not phases.get("host_lost"):
+        # A kernel splat fails the scenario whatever it asserted: its lab's shutdown is in
+        # the window, so it is judged here, after the labs are gone.
+        rep.outcome = "failed"
+        if call.excinfo is not None:
+            rep.sections.append(("rdmalab: the teardown's own error", call.excinfo.exconly()))
+        rep.longrepr = failure + "\n" + "\n".join(
+            f"  {s['host']}: {s['kind']}: {s['first_line']}"
+            + (f" (expected by {s['expected_by']})" if s.get("expected_by") else "")
+            for s in splats)
+        phases["kernel_splat"] = failure
     phases[rep.when] = rep.outcome
     if rep.when == "call" and hasattr(rep, "wasxfail"):
         phases["xfail"] = "finding" if rep.skipped else "xpassed"
@@ -614,6 +727,19 @@ def pytest_runtest_makereport(item, call):
             item.user_properties.append(item.stash[_FIXED])
         if phases.get("xfail") == "xpassed":
             item.user_properties.append(("xpassed", "true"))
+        settings = item.config.stash[_SETTINGS]
+        files = item.stash.get(_FILES, {})
+        if files.get("history"):
+            item.user_properties.append(("history", _relative(files["history"],
+                                                              settings.history_dir)))
+        if files.get("evidence"):
+            item.user_properties.append(("evidence", _relative(files["evidence"],
+                                                               settings.evidence_dir)))
+        if splats:
+            item.user_properties.append(("kernel_splat", splats[0]["first_line"]))
+            expected = sorted({s["expected_by"] for s in splats if s.get("expected_by")})
+            if expected:
+                item.user_properties.append(("kernel_splat_expected", ",".join(expected)))
         rep.user_properties = list(item.user_properties)
 
 
@@ -628,7 +754,7 @@ def lost_hosts(item) -> dict:
 def final_outcome(phases: dict) -> str:
     if phases.get("host_lost"):
         return "host_lost"
-    if phases.get("call") == "failed":
+    if phases.get("call") == "failed" or phases.get("kernel_splat"):
         return "failed"
     if "failed" in phases.values():
         return "error"

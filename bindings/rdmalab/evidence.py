@@ -1,0 +1,412 @@
+"""A scenario's evidence bundle on a device lab (vm:*, netns:*, inventory:*): what the wire,
+the kernels and the RDMA stacks of its hosts did while it ran, kept beside its history.
+
+    OUT/evidence/<stem>/
+      manifest.json            scenario, column, kernels, files (name -> what it is), splats,
+                               caps hit, errors, what the bundle cost
+      wire.pcap                the fault switch's capture for the scenario's time (the netns
+                               lab: tcpdump on the bridge in the outer machine)
+      res-<host>-before.json   `rdma -j res show qp|cm_id|mr|cq|pd` at the lab's start
+      res-<host>-after.json    the same at the scenario's end, before the lab shut down
+      kmsg-<host>.txt          the host's kernel log since the lab started ("<level>[time] text",
+                               as `dmesg -r`), through the lab's shutdown
+      switch.jsonl             the switch's rule records (switch_* in the history)
+      history.jsonl            a copy of the scenario's history, with `wire` and `kernel_log`
+      splat-<host>-<n>.txt     each kernel-log splat found (rdmalab.kernlog)
+
+Collector(lab, dir, ...).begin() at the lab's start, .scenario_end() before its shutdown,
+.finish() after it. Every host is asked through its agent with a deadline: a host lost mid-run
+gets a note in the manifest, never a hang. The host side (host_begin, host_end, rdma_res) runs
+in the agent, shipped with the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import threading
+import time
+from typing import Callable, Optional
+
+from . import kernlog
+
+RES_KINDS = ("qp", "cm_id", "mr", "cq", "pd")
+HOST_DEADLINE_S = 10.0     # one agent call (rdma res and kmsg on a TCG guest take ~0.1 s)
+MAX_PCAP_BYTES = 8 << 20   # a bulk-data scenario's capture stops growing here
+MAX_WIRE_RECORDS = 2000    # frames decoded into `wire` history records at most
+MAX_KMSG_RECORDS = kernlog.MAX_RECORDS
+_PATH = 'PATH="$PATH:/usr/sbin:/sbin"; '
+
+
+# -- host side: runs in the agent ----------------------------------------------------------------
+
+def rdma_res(device: str = "", deadline_s: float = 5.0) -> dict:
+    """`rdma -j res show KIND` for each of RES_KINDS in one shell: {kind: [entries]} (only
+    device's entries when given: a netns host sees every device), or {kind: {"error": ...}}."""
+    script = _PATH + "; ".join(f"echo '@@ {k}'; rdma -j res show {k} 2>&1" for k in RES_KINDS)
+    try:
+        r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                           timeout=deadline_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {k: {"error": str(e)} for k in RES_KINDS}
+    out: dict = {}
+    kind, body = None, []
+    for line in r.stdout.splitlines() + ["@@ end"]:
+        if line.startswith("@@ "):
+            if kind is not None:
+                out[kind] = _res_entries("\n".join(body), device)
+            kind, body = line[3:].strip(), []
+        else:
+            body.append(line)
+    out.pop("end", None)
+    return out
+
+
+def _res_entries(text: str, device: str):
+    try:
+        entries = json.loads(text or "[]")
+    except ValueError:
+        return {"error": text.strip()[-500:]}
+    if device and isinstance(entries, list):
+        entries = [e for e in entries if not isinstance(e, dict) or e.get("ifname") in
+                   (None, device)]
+    return entries
+
+
+def host_begin(device: str = "", kmsg: bool = True) -> dict:
+    """At a lab's start: where the kernel log is, the RDMA objects, the clocks."""
+    return {"kmsg": kernlog.kmsg_mark() if kmsg else None, "res": rdma_res(device),
+            "clock": kernlog.clock_pair()}
+
+
+def host_end(device: str = "", res: bool = True, mark: Optional[dict] = None,
+             kmsg: bool = False) -> dict:
+    """At a scenario's end: the RDMA objects (res) and/or the kernel log since mark (kmsg)."""
+    return {"res": rdma_res(device) if res else None,
+            "kmsg": kernlog.kmsg_since(mark, max_records=MAX_KMSG_RECORDS) if kmsg else None,
+            "clock": kernlog.clock_pair()}
+
+
+# -- controller side -------------------------------------------------------------------------------
+
+def switch_binary() -> pathlib.Path:
+    """The fault switch (and frame decoder) the VM lab runs: RDMALAB_SWITCH, else the build's."""
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    return pathlib.Path(os.environ.get("RDMALAB_SWITCH",
+                                       repo / "build" / "faults" / "rdmalab-switch"))
+
+
+def decode_pcap(path, max_frames: int = MAX_WIRE_RECORDS, timeout_s: float = 30.0
+                ) -> tuple[list[dict], dict]:
+    """The switch's frame parser over a capture (rdmalab-switch --decode-pcap): one dict
+    {i, t_ns, frame} a frame, and the end line {frames, decoded, torn}."""
+    binary = switch_binary()
+    if not binary.exists():
+        raise FileNotFoundError(f"{binary}: the frame decoder is not built "
+                                "(cmake --build build --target rdmalab-switch)")
+    r = subprocess.run([str(binary), "--decode-pcap", str(path), "--max-frames",
+                        str(max_frames)], capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary.name} --decode-pcap {path}: rc {r.returncode}: "
+                           f"{r.stderr.strip()[-500:]}")
+    frames, end = [], {}
+    for line in r.stdout.splitlines():
+        d = json.loads(line)
+        if d.get("end"):
+            end = d
+        else:
+            frames.append(d)
+    return frames, end
+
+
+def wire_records(frames: list[dict], macs: dict[str, str], where: str,
+                 to_lab_ns: Callable[[int], int]) -> list[dict]:
+    """`wire` history records of decoded frames: host `where` ("switch", "bridge"), the lab
+    hosts the MACs name (dst "" for broadcast or unknown), t_ns on the lab's time line."""
+    by_mac = {m.lower(): h for h, m in macs.items() if m}
+    out = []
+    for f in frames:
+        frame = f.get("frame", {})
+        out.append({"t_ns": to_lab_ns(int(f["t_ns"])), "host": where, "object": "frame",
+                    "kind": "wire",
+                    "data": {"src_host": by_mac.get(str(frame.get("src", "")).lower(), ""),
+                             "dst_host": by_mac.get(str(frame.get("dst", "")).lower(), ""),
+                             "i": f.get("i"), "frame": frame}})
+    return out
+
+
+def kmsg_text(records: list) -> str:
+    """Kernel log records as `dmesg -r` prints them (kernlog.from_dmesg reads it back)."""
+    return "".join(f"<{lvl}>[{ts // 10**6:5d}.{ts % 10**6:06d}] {text}\n"
+                   for _seq, ts, lvl, text in records)
+
+
+class Collector:
+    """One lab's evidence (see the module's doc). registry: rdmalab.findings.Registry whose
+    kernel_log entries may expect a splat on a host's driver and kernel."""
+
+    def __init__(self, lab, directory, *, scenario: str, column: str, registry=None,
+                 log: Callable[[str], None] = lambda m: None):
+        self.lab, self.dir = lab, pathlib.Path(directory)
+        self.scenario, self.column, self.registry, self.log = scenario, column, registry, log
+        self.hosts = list(lab.addresses)
+        self.files: dict[str, str] = {}
+        self.errors: list[str] = []
+        self.caps: dict[str, str] = {}
+        self.splats: list[dict] = []
+        self._marks: dict[str, dict] = {}
+        self._clock: Optional[tuple[int, int, int]] = None  # (realtime, monotonic, offset)
+        self._capture = None      # ("switch", SwitchControl) or ("bridge", netns.BridgeCapture)
+        self._cost_s = 0.0
+        machines = [lab.machine_of(h) for h in self.hosts]
+        outers = {id(getattr(m, "outer", m)) for m in machines}
+        # The netns lab's hosts are namespaces on one kernel: its log is read once.
+        self.shared_kernel = len(machines) > 1 and len(outers) == 1 and hasattr(
+            machines[0], "outer")
+
+    # -- helpers
+    def _device(self, host: str) -> str:
+        return self.lab.machine_of(host).facts.device
+
+    def _ask(self, hosts: list[str], fn: str, *args_of: Callable[[str], tuple]) -> dict:
+        """host -> fn(*args) run in each host's agent at once, with a deadline each; a host
+        that is lost or does not answer is left out, with an error noted."""
+        results: dict = {}
+
+        def one(host: str) -> None:
+            if host in self.lab.lost_hosts():
+                self.errors.append(f"{host}: {fn}: the host was lost")
+                return
+            agent = self.lab.agent_for(host)
+            try:
+                f = getattr(agent.module("rdmalab.evidence"), fn)
+                args = args_of[0](host) if args_of else ()
+                results[host] = _obtain(agent.call_with_deadline(f, HOST_DEADLINE_S,
+                                                                 f"evidence {fn}", *args))
+            except Exception as e:  # a lost or broken host: an outcome, kept in the manifest
+                self.errors.append(f"{host}: {fn}: {type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HOST_DEADLINE_S + 5.0)
+        return results
+
+    def _write(self, name: str, text: str, what: str) -> None:
+        (self.dir / name).write_text(text, encoding="utf-8")
+        self.files[name] = what
+
+    def _json(self, name: str, value, what: str) -> None:
+        self._write(name, json.dumps(value, indent=1, sort_keys=True) + "\n", what)
+
+    # -- the three points of a scenario
+    def begin(self) -> None:
+        """At the lab's start: kernel-log marks, `rdma res` before, the capture started."""
+        t = time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        kmsg_hosts = self.hosts[:1] if self.shared_kernel else self.hosts
+        got = self._ask(self.hosts, "host_begin",
+                        lambda h: (self._device(h), h in kmsg_hosts))
+        for host, r in got.items():
+            self._json(f"res-{host}-before.json", r["res"],
+                       f"`rdma -j res show` ({', '.join(RES_KINDS)}) on {host} at the lab's start")
+            if r.get("kmsg") is not None:
+                self._marks[host] = r["kmsg"]
+        if got:
+            first = next(h for h in self.hosts if h in got)
+            rt, mono = got[first]["clock"]
+            self._clock = (rt, mono, self.lab.agent_for(first).offset_ns)
+        try:
+            self._start_capture()
+        except Exception as e:  # the scenario runs all the same; the bundle says why
+            self.errors.append(f"capture: {type(e).__name__}: {e}")
+        self._cost_s += time.monotonic() - t
+
+    def scenario_end(self) -> None:
+        """Before the lab shuts down: `rdma res` after (the objects the scenario left)."""
+        t = time.monotonic()
+        for host, r in self._ask(self.hosts, "host_end",
+                                 lambda h: (self._device(h), True, None, False)).items():
+            self._json(f"res-{host}-after.json", r["res"],
+                       f"`rdma -j res show` ({', '.join(RES_KINDS)}) on {host} at the "
+                       "scenario's end, before the lab's shutdown")
+        self._cost_s += time.monotonic() - t
+
+    def finish(self) -> list[dict]:
+        """After the lab's shutdown: the capture stopped and decoded into `wire` records, each
+        host's kernel log read and its splats judged (`kernel_log` records), the switch's
+        records; the manifest. Returns the splats ({host, kind, first_line, file,
+        expected_by})."""
+        t = time.monotonic()
+        records: list[dict] = []
+        try:
+            records += self._stop_capture()
+        except Exception as e:
+            self.errors.append(f"capture: {type(e).__name__}: {e}")
+        records += self._kernel_logs()
+        self.lab.merge_records(records)
+        switch = self.lab.faults.switch_history() if hasattr(self.lab.faults,
+                                                             "switch_history") else []
+        if switch:
+            self._write("switch.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n"
+                                                for r in switch),
+                        "the fault switch's rule records (switch_* in the history)")
+        self._cost_s += time.monotonic() - t
+        self.write_manifest()
+        return self.splats
+
+    def write_history(self, source: Optional[str] = None) -> None:
+        """history.jsonl: a copy of the file the run wrote (source), else the lab's own."""
+        dest = self.dir / "history.jsonl"
+        if source and os.path.exists(source):
+            shutil.copyfile(source, dest)
+        else:
+            self.lab.write_history(dest)
+        self.files["history.jsonl"] = "the scenario's history (with wire and kernel_log)"
+        self.write_manifest()
+
+    # -- the wire
+    def _start_capture(self) -> None:
+        path = self.lab.switch_unusable()
+        if not path.startswith("!"):
+            from .fabric import SwitchControl
+            control = SwitchControl(path)
+            control.request("pcap", path=str((self.dir / "wire.pcap").resolve()),
+                            max_bytes=MAX_PCAP_BYTES)
+            self._capture = ("switch", control)
+            return
+        m = self.lab.machine_of(self.hosts[0])
+        bridge = getattr(m, "bridge", None)
+        if getattr(m, "bridge_machine", None) is not None and bridge:
+            from lab import netns
+            cap = netns.BridgeCapture(m.bridge_machine, bridge)
+            cap.start()
+            self._capture = ("bridge", cap)
+            return
+        self.caps["wire"] = "no capture: no fault switch or bridge on the hosts' path"
+
+    def _stop_capture(self) -> list[dict]:
+        if self._capture is None:
+            return []
+        where, cap = self._capture
+        self._capture = None
+        pcap = self.dir / "wire.pcap"
+        if where == "switch":
+            try:
+                closed = cap.request("pcap", path=None).get("closed") or {}
+            finally:
+                cap.close()
+            if closed.get("skipped"):
+                self.caps["pcap"] = (f"capped at {MAX_PCAP_BYTES} bytes: {closed['frames']} "
+                                     f"frames kept, {closed['skipped']} later ones not")
+            offset = time.time_ns() - time.monotonic_ns()  # the switch runs here
+
+            def to_lab(t_ns: int) -> int:
+                return t_ns - offset - self.lab.t0_ns
+            what = "the fault switch's capture (every frame it received) for the scenario"
+        else:
+            stats = cap.stop(str(pcap))
+            if stats.get("capped"):
+                self.caps["pcap"] = f"capped at {stats['capped']} frames (tcpdump -c)"
+            if self._clock is None:
+                raise RuntimeError("no clock of the bridge's machine: no host answered")
+            rt, mono, off = self._clock
+
+            def to_lab(t_ns: int) -> int:
+                return t_ns - (rt - mono) + off - self.lab.t0_ns
+            what = f"tcpdump on the bridge {cap.bridge} in {cap.machine.name} for the scenario"
+        if not pcap.exists():
+            raise RuntimeError(f"{pcap.name}: the capture wrote no file")
+        self.files["wire.pcap"] = what
+        frames, end = decode_pcap(pcap)
+        if end.get("frames", 0) > end.get("decoded", 0):
+            self.caps["wire"] = (f"{end['decoded']} of {end['frames']} frames decoded into "
+                                 f"wire records (MAX_WIRE_RECORDS)")
+        macs = {h: self.lab.machine_of(h).facts.mac for h in self.hosts}
+        return wire_records(frames, macs, where, to_lab)
+
+    # -- the kernels
+    def _kernel_logs(self) -> list[dict]:
+        if self.shared_kernel:
+            reader = next((h for h in self.hosts if h in self._marks), None)
+            readers = [reader] if reader else []
+        else:
+            readers = [h for h in self.hosts if h in self._marks]
+        for h in self.hosts:
+            if h not in self._marks and not self.shared_kernel:
+                self.errors.append(f"{h}: no kernel-log mark at the start: its log is not "
+                                   "judged")
+        got = self._ask(readers, "host_end",
+                        lambda h: (self._device(h), False, self._marks[h], True))
+        records: list[dict] = []
+        for reader, r in got.items():
+            k = r["kmsg"]
+            if k.get("error"):
+                self.errors.append(f"{reader}: kernel log: {k['error']}")
+            if k.get("truncated"):
+                self.caps[f"kmsg-{reader}"] = (f"kernel log capped at {MAX_KMSG_RECORDS} "
+                                               "records (or its read deadline)")
+            if k.get("lost"):
+                self.caps[f"kmsg-{reader}-lost"] = (f"{k['lost']} records overwritten before "
+                                                    "they were read")
+            lines = [kernlog.Line(*rec) for rec in k["records"]]
+            owners = self.hosts if self.shared_kernel else [reader]
+            text = kmsg_text(k["records"])
+            offset = self.lab.agent_for(reader).offset_ns
+            for host in owners:
+                self._write(f"kmsg-{host}.txt", text,
+                            f"{host}'s kernel log since the lab started, through its shutdown"
+                            + (" (one kernel: every host of the netns lab)"
+                               if self.shared_kernel else "")
+                            + (" (the host rebooted: all of its new boot)"
+                               if k.get("rebooted") else ""))
+            for n, splat in enumerate(kernlog.find_splats(lines), 1):
+                records += self._judge(splat, n, owners, offset)
+        return records
+
+    def _judge(self, splat, n: int, owners: list[str], offset_ns: int) -> list[dict]:
+        records = []
+        for host in owners:
+            name = f"splat-{host}-{n}.txt"
+            self._write(name, splat.dmesg(), f"kernel {splat.kind} splat on {host}: "
+                                             f"{splat.first_line}")
+            m = self.lab.machine_of(host)
+            from .agentlab import device_label
+            key = device_label(m.facts.device)
+            kernel = self.lab.pool.kernels.get(m.name, "")
+            expected = (self.registry.expected_splat(key, kernel, splat.text)
+                        if self.registry is not None else None)
+            self.splats.append({"host": host, "kind": splat.kind,
+                                "first_line": splat.first_line, "file": name,
+                                "lines": len(splat.lines), "ended": splat.ended,
+                                "kernel": kernel,
+                                "expected_by": expected.id if expected else None})
+            for line in splat.lines:
+                records.append({"t_ns": line.ts_us * 1000 + offset_ns - self.lab.t0_ns,
+                                "host": host, "object": "kmsg", "kind": "kernel_log",
+                                "data": {"level": line.level_name, "text": line.text,
+                                         "splat": True, "seq": line.seq,
+                                         "splat_kind": splat.kind, "file": name,
+                                         **({"expected_by": expected.id} if expected
+                                            else {})}})
+        return records
+
+    def write_manifest(self) -> None:
+        kernels = {h: self.lab.pool.kernels.get(self.lab.machine_of(h).name, "")
+                   for h in self.hosts}
+        manifest = {"scenario": self.scenario, "column": self.column, "lab":
+                    self.lab.description, "kernel": kernels, "shared_kernel": self.shared_kernel,
+                    "files": dict(sorted(self.files.items())), "splats": self.splats,
+                    "capped": self.caps, "errors": self.errors,
+                    "cost_s": round(self._cost_s, 3)}
+        (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n",
+                                                encoding="utf-8")
+
+
+def _obtain(value):
+    from .remote import obtain
+    return obtain(value)

@@ -1,0 +1,286 @@
+"""A scenario's evidence bundle (rdmalab.evidence) on a fake device lab whose wire is the real
+fault switch (build/faults/rdmalab-switch, frames sent through its socket): the capture decoded
+into `wire` records by the switch's own parser, `rdma res` before and after, the kernel log and
+its splats judged against the registry, a lost host noted without a hang; and the plugin's
+failure text and JUnit properties."""
+
+import json
+import pathlib
+import socket
+import subprocess
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from rdmalab import evidence, findings, kernlog
+from rdmalab.errors import Hung
+from rdmalab.pytest_plugin import final_outcome, splat_failure
+
+MAC_A, MAC_B = "52:54:00:12:34:01", "52:54:00:12:34:02"
+DEADLINE_S = 10.0
+WARN_AT = "WARNING: CPU: 0 PID: 9 at drivers/infiniband/sw/rxe/rxe_comp.c:598 rxe_completer"
+
+
+def roce_cm_req() -> bytes:
+    """A CM REQ MAD from a to b as RoCEv2 carries it (UD SEND_ONLY to QP 1)."""
+    deth = (0x80010000).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    mad = bytes([1, 0x07, 2, 0x03]) + bytes(12) + (0x10).to_bytes(2, "big") + bytes(238)
+    bth = bytes([0x64, 0, 0xFF, 0xFF]) + (1).to_bytes(4, "big") + (7).to_bytes(4, "big")
+    payload = deth + mad
+    udp_len = 8 + len(bth) + len(payload) + 4
+    ip = bytes([0x45, 0]) + (20 + udp_len).to_bytes(2, "big") + \
+        bytes([0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2])
+    udp = (49152).to_bytes(2, "big") + (4791).to_bytes(2, "big") + \
+        udp_len.to_bytes(2, "big") + b"\0\0"
+    return (bytes.fromhex(MAC_B.replace(":", "")) + bytes.fromhex(MAC_A.replace(":", ""))
+            + b"\x08\x00" + ip + udp + bth + payload + b"ICRC")
+
+
+def arp_from_b() -> bytes:
+    return b"\xff" * 6 + bytes.fromhex(MAC_B.replace(":", "")) + b"\x08\x06" + bytes(28)
+
+
+class Facts:
+    def __init__(self, mac):
+        self.device, self.mac = "rxe0", mac
+
+
+class Machine:
+    def __init__(self, name, mac):
+        self.name, self.facts = name, Facts(mac)
+
+
+class HostSide:
+    """What rdmalab.evidence's host functions return in a host's agent."""
+
+    def __init__(self, splat: bool):
+        self.splat = splat
+
+    def host_begin(self, device, kmsg):
+        return {"kmsg": {"boot_id": "boot-1", "seq": 100, "error": ""} if kmsg else None,
+                "res": {"qp": [], "cm_id": []},
+                "clock": (time.time_ns(), time.monotonic_ns())}
+
+    def host_end(self, device, res, mark, kmsg):
+        log = None
+        if kmsg:
+            records = [[101, 5_000_000, 6, "rdma_rxe: an ordinary line"]]
+            if self.splat:
+                records += [[102, 5_100_000, 4, WARN_AT + "+0x6f1/0xaf0 [rdma_rxe]"],
+                            [103, 5_100_010, 4, "Call Trace:"],
+                            [104, 5_100_020, 4, "---[ end trace 0000000000000000 ]---"]]
+            log = {"records": records, "lost": 0, "truncated": False, "rebooted": False,
+                   "boot_id": "boot-1", "error": ""}
+        return {"res": {"qp": [{"ifname": device, "lqpn": 17, "state": "RTS"}]} if res
+                else None, "kmsg": log, "clock": (time.time_ns(), time.monotonic_ns())}
+
+
+class Agent:
+    def __init__(self, side, hang=False):
+        self.side, self.hang, self.offset_ns = side, hang, 0
+
+    def module(self, name):
+        assert name == "rdmalab.evidence"
+        return self.side
+
+    def call_with_deadline(self, fn, deadline_s, what, *args):
+        if self.hang:
+            raise Hung(what, f"{what} did not return within {deadline_s} s")
+        return fn(*args)
+
+
+class Faults:
+    def switch_history(self):
+        return [{"seq": 1, "t_ns": 5, "rule": 1, "action": "drop", "frame": {"cm": "REQ"}}]
+
+
+class Pool:
+    kernels = {"vm1": "6.1.0-56-amd64", "vm2": "6.1.0-56-amd64"}
+
+
+class FakeLab:
+    description = "vm:rxe"
+
+    def __init__(self, control, splat=False, lost=(), hang=()):
+        self.control = control
+        self.addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
+        self.machines = {"a": Machine("vm1", MAC_A), "b": Machine("vm2", MAC_B)}
+        self.agents = {h: Agent(HostSide(splat), hang=h in hang) for h in self.addresses}
+        self.lost = {h: {"machine": self.machines[h].name} for h in lost}
+        self.t0_ns = time.monotonic_ns()
+        self.merged = []
+        self.faults = Faults()
+        self.pool = Pool()
+
+    def machine_of(self, h):
+        return self.machines[h]
+
+    def agent_for(self, h):
+        return self.agents[h]
+
+    def lost_hosts(self):
+        return self.lost
+
+    def switch_unusable(self):
+        return self.control
+
+    def merge_records(self, records):
+        self.merged += records
+
+    def history(self):
+        return sorted(self.merged, key=lambda r: r["t_ns"])
+
+    def write_history(self, path):
+        pathlib.Path(path).write_text("".join(json.dumps(r) + "\n" for r in self.history()))
+
+
+@pytest.fixture
+def switch(tmp_path):
+    """The real fault switch with two fake VM sockets: (control path, send(frame, from))."""
+    binary = evidence.switch_binary()
+    if not binary.exists():
+        pytest.skip(f"{binary} is not built (cmake --build build --target rdmalab-switch)")
+    sock, ctl = tmp_path / "sw.sock", tmp_path / "sw.ctl"
+    vms = {h: tmp_path / f"{h}.sock" for h in "ab"}
+    ends = {}
+    for h, p in vms.items():
+        ends[h] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        ends[h].bind(str(p))
+        ends[h].settimeout(DEADLINE_S)
+    argv = [str(binary), "--sock", str(sock), "--control", str(ctl), "--keep"]
+    for p in vms.values():
+        argv += ["--peer", str(p)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + DEADLINE_S
+        while not ctl.exists():
+            assert time.monotonic() < end and proc.poll() is None, "the switch did not start"
+            time.sleep(0.01)
+
+        def send(frame, host):
+            ends[host].sendto(frame, str(sock))
+            ends["b" if host == "a" else "a"].recv(65536)  # forwarded: the switch has it
+        yield str(ctl), send
+    finally:
+        proc.terminate()
+        proc.wait(timeout=DEADLINE_S)
+        for s in ends.values():
+            s.close()
+
+
+def test_bundle_holds_the_wire_the_stacks_and_a_clean_kernel_log(tmp_path, switch):
+    control, send = switch
+    lab = FakeLab(control)
+    c = evidence.Collector(lab, tmp_path / "ev", scenario="tests/x.py::test_y[vm-rxe]",
+                           column="vm-rxe")
+    c.begin()
+    send(roce_cm_req(), "a")
+    send(arp_from_b(), "b")
+    c.scenario_end()
+    assert c.finish() == []
+    c.write_history()
+    d = tmp_path / "ev"
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["scenario"] == "tests/x.py::test_y[vm-rxe]"
+    assert manifest["kernel"] == {"a": "6.1.0-56-amd64", "b": "6.1.0-56-amd64"}
+    for name in ("wire.pcap", "res-a-before.json", "res-b-after.json", "kmsg-a.txt",
+                 "kmsg-b.txt", "switch.jsonl", "history.jsonl"):
+        assert (d / name).is_file() and name in manifest["files"], name
+    assert manifest["splats"] == [] and manifest["errors"] == [] and manifest["capped"] == {}
+    assert json.loads((d / "res-a-after.json").read_text())["qp"][0]["lqpn"] == 17
+    wire = [r for r in lab.merged if r["kind"] == "wire"]
+    assert [(r["data"]["src_host"], r["data"]["dst_host"]) for r in wire] == [("a", "b"),
+                                                                             ("b", "")]
+    assert wire[0]["host"] == "switch" and wire[0]["object"] == "frame"
+    assert wire[0]["data"]["frame"]["cm"] == "REQ"           # the switch's own parser
+    assert wire[1]["data"]["frame"]["why"] == "ARP"
+    now = time.monotonic_ns() - lab.t0_ns
+    assert 0 <= wire[0]["t_ns"] <= wire[1]["t_ns"] <= now  # on the lab's time line
+    assert kernlog.from_dmesg((d / "kmsg-a.txt").read_text())[0].text == \
+        "rdma_rxe: an ordinary line"
+    assert len((d / "history.jsonl").read_text().splitlines()) == 2
+    assert manifest["cost_s"] < 0.5  # the bundle is cheap where the hosts answer at once
+
+
+def test_a_splat_is_written_recorded_and_judged_against_the_registry(tmp_path):
+    lab = FakeLab("!no switch", splat=True)
+    lab.machines["a"].bridge = None
+    reg = findings.parse(textwrap.dedent("""
+        ["rxe-warns"]
+        kind = "provider-fact"
+        provider = "rxe"
+        summary = "rxe WARNs in its completer"
+        scenario = "tests/scenarios/test_x.py::test_y"
+        kernel_log = ["rxe_comp\\\\.c:598"]
+        kernels = { fixed = "v6.12: x" }
+        """), "reg.toml")
+    c = evidence.Collector(lab, tmp_path / "ev", scenario="s", column="vm-rxe", registry=reg)
+    c.begin()
+    c.scenario_end()
+    splats = c.finish()
+    assert [(s["host"], s["kind"], s["file"], s["expected_by"]) for s in splats] == [
+        ("a", "warning", "splat-a-1.txt", "rxe-warns"), ("b", "warning", "splat-b-1.txt",
+                                                         "rxe-warns")]
+    assert splats[0]["first_line"].startswith(WARN_AT)
+    text = (tmp_path / "ev" / "splat-a-1.txt").read_text()
+    assert "Call Trace:" in text and "end trace" in text and "ordinary" not in text
+    logs = [r for r in lab.merged if r["kind"] == "kernel_log"]
+    assert len(logs) == 6 and logs[0]["host"] == "a" and logs[0]["object"] == "kmsg"
+    assert logs[0]["data"]["splat"] is True and logs[0]["data"]["level"] == "warning"
+    assert splat_failure([dict(s, evidence="ev") for s in splats]) == ""  # expected: no fail
+    # On a kernel where the entry is fixed, the same splat fails the scenario.
+    Pool.kernels = {"vm1": "6.12.117+deb13-amd64", "vm2": "6.12.117+deb13-amd64"}
+    try:
+        c2 = evidence.Collector(FakeLab("!no switch", splat=True), tmp_path / "ev2",
+                                scenario="s", column="vm-rxe", registry=reg)
+        c2.begin()
+        bad = c2.finish()
+    finally:
+        Pool.kernels = {"vm1": "6.1.0-56-amd64", "vm2": "6.1.0-56-amd64"}
+    assert [s["expected_by"] for s in bad] == [None, None]
+    text = splat_failure([dict(s, evidence="ev2") for s in bad])
+    assert text.startswith("KernelSplat: 2 kernel-log splat(s) on host(s) a, b")
+    assert f"first on host a (6.12.117+deb13-amd64): {WARN_AT}" in text
+    assert "ev2/splat-a-1.txt" in text
+    manifest = json.loads((tmp_path / "ev2" / "manifest.json").read_text())
+    assert manifest["capped"]["wire"].startswith("no capture")
+
+
+def test_a_lost_or_hung_host_is_noted_not_waited_for(tmp_path):
+    lab = FakeLab("!no switch", lost=("b",), hang=("a",))
+    c = evidence.Collector(lab, tmp_path / "ev", scenario="s", column="vm-rxe")
+    t = time.monotonic()
+    c.begin()
+    c.scenario_end()
+    assert c.finish() == []
+    assert time.monotonic() - t < 5.0
+    errors = json.loads((tmp_path / "ev" / "manifest.json").read_text())["errors"]
+    assert any(e.startswith("a: host_begin: Hung") for e in errors), errors
+    assert any(e.startswith("b: host_begin: the host was lost") for e in errors), errors
+    assert any("no kernel-log mark" in e for e in errors), errors
+
+
+def test_outcome_of_a_kernel_splat_is_failed():
+    assert final_outcome({"call": "passed", "teardown": "failed",
+                          "kernel_splat": "KernelSplat: ..."}) == "failed"
+    assert final_outcome({"call": "passed", "teardown": "failed", "host_lost": "x",
+                          "kernel_splat": "KernelSplat: ..."}) == "host_lost"
+
+
+def test_model_runs_get_a_history_property_and_no_evidence(pytester, tmp_path):
+    pytester.makepyfile(test_gen="""
+        def test_one(lab):
+            lab.run_for(1000)
+        """)
+    junit = tmp_path / "junit.xml"
+    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:roce",
+                                "--history-dir", str(tmp_path / "out" / "history"),
+                                "--junitxml", str(junit))
+    result.assert_outcomes(passed=1)
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    assert props["history"] == "history/test_gen.test_one-model-roce.jsonl"
+    assert "evidence" not in props and "kernel_splat" not in props
+    assert (tmp_path / "out" / props["history"]).is_file()
+    assert not (tmp_path / "out" / "evidence").exists()
