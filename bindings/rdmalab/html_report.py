@@ -48,6 +48,7 @@ class Figure:
     differs: set = dataclasses.field(default_factory=set)     # seqs of differing outcomes
     twin: str = ""               # the column it is compared with
     agree: Optional[bool] = None
+    difference: str = ""         # the first difference, in words
 
 
 @dataclasses.dataclass
@@ -188,6 +189,9 @@ def _mark_difference(model: Figure, device: Figure, model_col: str, device_col: 
     if diff is None:
         return
     text = diff.describe(model_col, device_col)
+    device.difference = text
+    if not model.difference:
+        model.difference, model.twin, model.agree = text, device_col, False
     model.highlight[diff.model_seq] = text
     device.highlight[diff.device_seq] = text
     model.differs.add(diff.model_seq)

@@ -29,9 +29,10 @@ ROW = 16                   # px per row
 THIN_ROW = 4               # px per row inside a compressed stretch
 GAP_MIN_H = 30             # px of a compressed stretch, at least
 TOP = 44                   # room for the lane names
-LANE_W = 210               # px between lanes
+LANE_W = 190               # px between lanes
 LEFT = 80                  # room for the time axis
 BULK = 4                   # a run of more post/wc records than this is summarised
+DROP_MATCH_NS = 2_000_000_000  # a switch_drop names a wire record at most this far away
 
 ARROW_KINDS = ("cm_send", "wire")
 SWITCH_HOSTS = ("switch", "bridge")
@@ -197,8 +198,10 @@ def mark_label(rec: dict) -> tuple[str, str]:
     kind, data = rec["kind"], rec.get("data") or {}
     if kind == "cm_event":
         return f"{data.get('event', '?')}{_status(data.get('status'))}", "cm-event"
-    if kind in ("async_event", "iw_event"):
-        return f"{data.get('event', '?')}", "async" if kind == "async_event" else "cm-event"
+    if kind == "async_event":
+        return f"{data.get('event', '?')}", "async"
+    if kind == "iw_event":  # the iw_cm layer's event, under the rdma_cm one
+        return f"iw_cm {data.get('event', '?')}{_status(data.get('status'))}", "state"
     if kind == "wc":
         status = data.get("status", "?")
         return f"wc {data.get('opcode', '?')} {'ok' if status == 'SUCCESS' else status}", "wc"
@@ -457,8 +460,9 @@ def layout(records: list[dict], highlight: Optional[dict] = None) -> Ladder:
         elif i:
             y += ROW
         ys[i] = y
-        if not ticks or ticks[-1].label != format_t(item.t - t0):
-            ticks.append(Tick(y, format_t(item.t - t0)))
+        label = format_t(item.t - t0)
+        if not ticks or (ticks[-1].label != label and (y - ticks[-1].y >= 28 or after_gap)):
+            ticks.append(Tick(y, label))  # sparse enough to read
         after_gap = False
         if i in gap_after:
             a, b = gap_after[i]
@@ -581,17 +585,33 @@ def _match_recvs(items: list[_Item]) -> dict[int, int]:
     return out
 
 
+def _same_frame(a: dict, b: dict) -> bool:
+    """Two summaries of one frame (the switch's rule record, the capture's decode): equal on
+    every field both have, and both say enough."""
+    common = [k for k in a if k in b]
+    return len(common) >= 3 and all(a[k] == b[k] for k in common)
+
+
 def _dropped_wires(records: list[dict]) -> set[int]:
-    """wire seqs whose frame a later switch_drop record names (the same frame summary)."""
+    """wire seqs whose frame a switch_drop record names: the same frame summary, the nearest
+    in time (within DROP_MATCH_NS: the capture's and the switch's clocks are both converted
+    to the lab's time line)."""
     out: set[int] = set()
-    seen: list[dict] = []
+    wires = [r for r in records if r["kind"] == "wire"]
     for rec in records:
-        if rec["kind"] == "wire":
-            seen.append(rec)
-        elif rec["kind"] == "switch_drop":
-            frame = (rec.get("data") or {}).get("frame")
-            for w in reversed(seen):
-                if w["seq"] not in out and (w.get("data") or {}).get("frame") == frame:
-                    out.add(w["seq"])
-                    break
+        if rec["kind"] != "switch_drop":
+            continue
+        frame = (rec.get("data") or {}).get("frame")
+        if not isinstance(frame, dict):
+            continue
+        t = int(rec.get("t_ns") or 0)
+        best = None
+        for w in wires:
+            wf = (w.get("data") or {}).get("frame")
+            dt = abs(int(w.get("t_ns") or 0) - t)
+            if (w["seq"] not in out and isinstance(wf, dict) and dt <= DROP_MATCH_NS
+                    and _same_frame(frame, wf) and (best is None or dt < best[0])):
+                best = (dt, w["seq"])
+        if best is not None:
+            out.add(best[1])
     return out
