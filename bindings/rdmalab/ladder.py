@@ -35,6 +35,7 @@ BULK = 4                   # a run of more post/wc records than this is summaris
 DROP_MATCH_NS = 2_000_000_000  # a switch_drop names a wire record at most this far away
 
 ARROW_KINDS = ("cm_send", "wire")
+ETHERTYPES = {"0x0800": "IPv4", "0x86dd": "IPv6", "0x0806": "ARP", "0x8915": "RoCEv1"}
 SWITCH_HOSTS = ("switch", "bridge")
 # Plumbing of the event channels: in every history, seen through the event it carries.
 HIDDEN = {"cm_event_read", "cm_event_dispatched", "cm_event_ack", "async_event_read",
@@ -186,7 +187,12 @@ def frame_label(frame: dict) -> str:
     if frame.get("opcode"):
         psn = frame.get("psn")
         return f"{frame['opcode']}" + (f" psn {psn}" if psn is not None else "")
-    return str(proto or frame.get("ethertype") or "frame")
+    if proto:
+        return str(proto)
+    ethertype = str(frame.get("ethertype", "")).lower()
+    if ethertype in ETHERTYPES:
+        return ETHERTYPES[ethertype]
+    return str(frame.get("why") or ethertype or "frame")  # why: the parser's, not parsed
 
 
 def _status(value) -> str:
@@ -410,7 +416,8 @@ def _quiet_label(duration_ns: int, inside: list[_Item]) -> str:
             frames[lab] = frames.get(lab, 0) + 1
     head = f"{duration_ns / 1e9:.1f} s: "
     if retries:
-        return head + ", ".join(f"{n} {m} retries" for m, n in retries.items())
+        return head + ", ".join(f"{n} {m} retr{'ies' if n > 1 else 'y'}"
+                                for m, n in retries.items())
     if frames:
         return head + ", ".join(f"{n} {m} frame{'s' if n > 1 else ''}"
                                 for m, n in frames.items())
