@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Optional
 
 QUIET_NS = 1_000_000_000   # a stretch this long between notable records is compressed
@@ -47,6 +48,9 @@ TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "c
            "retransmit", "wire", "switch_watch", "switch_drop", "switch_delay",
            "switch_duplicate", "switch_corrupt", "switch_reorder", "switch_release",
            "reorder_release", "cm_timewait"}
+# Marks a loop repeats: a long run of them is summarised (_items).
+BULKABLE = {"post", "wc", "retransmit", "switch_watch", "switch_drop", "switch_delay",
+            "switch_duplicate", "switch_corrupt", "switch_reorder", "switch_release"}
 # Outcomes a user sees, compared between a model and its device (first_difference).
 OUTCOME_KINDS = ("cm_event", "wc", "async_event")
 
@@ -348,26 +352,39 @@ def _lanes(records: list[dict]) -> list[Lane]:
     return [Lane(n, LEFT + 40 + i * LANE_W, n == switch) for i, n in enumerate(names)]
 
 
+def bulk_label(rec: dict) -> str:
+    """A record's mark label without what changes from one loop turn to the next."""
+    return re.sub(r" (#|psn )\S+", "", mark_label(rec)[0])
+
+
 def _items(records: list[dict]) -> list[_Item]:
+    """The rows: a record each, but a run of more than BULK post / wc / switch-action records
+    (wire records may interleave: they stay rows of their own, being arrows) becomes one row
+    per (host, kind, bulk label), where the first of them was."""
     items: list[_Item] = []
     run: list[dict] = []
+    seen: set = set()
 
     def flush():
-        if len(run) > BULK:  # a bulk loop: one row per (host, kind, label)
-            groups: dict = {}
-            for rec in run:
-                groups.setdefault((rec.get("host"), rec["kind"], mark_label(rec)[0].split(" #")[0]),
-                                  []).append(rec)
-            items.extend(_Item(g, True) for g in groups.values())
-        else:
-            items.extend(_Item([rec], True) for rec in run)
+        bulky = sum(1 for rec in run if rec["kind"] != "wire") > BULK
+        groups: dict = {}
+        for rec in run:
+            notable = _notable(rec, seen)
+            key = (rec.get("host"), rec["kind"], bulk_label(rec))
+            if not bulky or rec["kind"] == "wire":
+                items.append(_Item([rec], notable))
+            elif key in groups:
+                groups[key].recs.append(rec)
+                groups[key].notable |= notable
+            else:
+                groups[key] = _Item([rec], notable)
+                items.append(groups[key])
         run.clear()
-    seen: set = set()
     for rec in records:
         kind = rec["kind"]
         if kind in HIDDEN:
             continue
-        if kind in ("post", "wc"):
+        if kind in BULKABLE or (kind == "wire" and run):
             run.append(rec)
             continue
         flush()
@@ -466,6 +483,7 @@ def layout(records: list[dict], highlight: Optional[dict] = None) -> Ladder:
             y += ROW + round(min(12.0, 2 * math.log10(1 + dt / 1000)), 1)
         elif i:
             y += ROW
+        y = round(y, 1)
         ys[i] = y
         label = format_t(item.t - t0)
         if not ticks or (ticks[-1].label != label and (y - ticks[-1].y >= 28 or after_gap)):
@@ -476,7 +494,7 @@ def layout(records: list[dict], highlight: Optional[dict] = None) -> Ladder:
             y1 = y + 8
             yy = y1 + 14  # room for the label
             for k in range(a + 1, b):
-                yy += THIN_ROW
+                yy = round(yy + THIN_ROW, 1)
                 ys[k] = yy
             y2 = max(yy + 6, y1 + GAP_MIN_H)
             t1 = items[b].t if b < len(items) else items[-1].t
@@ -542,7 +560,7 @@ def layout(records: list[dict], highlight: Optional[dict] = None) -> Ladder:
         else:
             label, category = mark_label(rec)
             if len(item.recs) > 1:
-                label = f"{label.split(' #')[0]} ×{len(item.recs)}"
+                label = f"{bulk_label(rec)} ×{len(item.recs)}"
             if kind == "fault" and data.get("src") in lane_x and data.get("dst") in lane_x:
                 # a model fabric fault: between the hosts, where the packet was
                 x = (lane_x[data["src"]] + lane_x[data["dst"]]) / 2

@@ -178,6 +178,18 @@ def test_bulk_posts_and_completions_are_summarised():
     bulk = [m for m in lad.marks if m.kind in ("post", "wc")]
     assert [m.label for m in bulk] == ["post SEND ×40", "wc RECV ok ×40"]
     assert len(bulk[0].seqs) == 40
+    # A retry loop on a device: every frame stays an arrow, the switch's drops one mark.
+    d = device_connect()
+    for i in range(30):
+        frame = d.wire("b", "a", 200_000_000 + i * 10_000_000, opcode="ACKNOWLEDGE",
+                       psn=257)["data"]["frame"]
+        d.add("switch_drop", "switch", 200_000_100 + i * 10_000_000, "rule:1", action="drop",
+              frame=frame)
+    lad = ladder.layout(d.records)
+    assert len(lad.arrows) == lad.messages == 33
+    assert all("dropped" in a.classes for a in lad.arrows[3:])
+    drops = [m for m in lad.marks if m.kind == "switch_drop"]
+    assert [(m.label, len(m.seqs)) for m in drops] == [("drop ACKNOWLEDGE ×30", 30)]
 
 
 def test_read_history_names_the_file_and_line(tmp_path):
