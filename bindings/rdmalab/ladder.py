@@ -20,6 +20,7 @@ the device it predicts) host by host, with backend object ids normalised away.""
 from __future__ import annotations
 
 import dataclasses
+import bisect
 import json
 import math
 import re
@@ -617,26 +618,47 @@ def _same_frame(a: dict, b: dict) -> bool:
     return len(common) >= 3 and all(a[k] == b[k] for k in common)
 
 
+_FRAME_KEY = ("src", "dst", "len", "psn", "cm", "opcode", "rdmap_opcode", "seq")
+
+
 def _dropped_wires(records: list[dict]) -> set[int]:
     """wire seqs whose frame a switch_drop record names: the same frame summary, the nearest
     in time (within DROP_MATCH_NS: the capture's and the switch's clocks are both converted
-    to the lab's time line)."""
+    to the lab's time line). Wires are indexed by a few frame fields so that long loops stay
+    fast; a drop whose fields index nothing looks at every wire near it in time."""
     out: set[int] = set()
-    wires = [r for r in records if r["kind"] == "wire"]
+    wires = sorted((r for r in records if r["kind"] == "wire"
+                    and isinstance((r.get("data") or {}).get("frame"), dict)),
+                   key=lambda r: int(r.get("t_ns") or 0))
+    every = ([int(w.get("t_ns") or 0) for w in wires], wires)
+    index: dict[tuple, tuple[list, list]] = {}
+    for w in wires:
+        times, items = index.setdefault(
+            tuple(w["data"]["frame"].get(k) for k in _FRAME_KEY), ([], []))
+        times.append(int(w.get("t_ns") or 0))
+        items.append(w)
     for rec in records:
-        if rec["kind"] != "switch_drop":
-            continue
         frame = (rec.get("data") or {}).get("frame")
-        if not isinstance(frame, dict):
+        if rec["kind"] != "switch_drop" or not isinstance(frame, dict):
             continue
         t = int(rec.get("t_ns") or 0)
-        best = None
-        for w in wires:
-            wf = (w.get("data") or {}).get("frame")
-            dt = abs(int(w.get("t_ns") or 0) - t)
-            if (w["seq"] not in out and isinstance(wf, dict) and dt <= DROP_MATCH_NS
-                    and _same_frame(frame, wf) and (best is None or dt < best[0])):
-                best = (dt, w["seq"])
-        if best is not None:
-            out.add(best[1])
+        times, items = index.get(tuple(frame.get(k) for k in _FRAME_KEY)) or every
+        left = bisect.bisect_left(times, t) - 1
+        right = left + 1
+        while left >= 0 or right < len(items):  # outward from t, nearest first
+            dl = t - times[left] if left >= 0 else None
+            dr = times[right] - t if right < len(items) else None
+            k = left if dr is None or (dl is not None and dl <= dr) else right
+            if abs(times[k] - t) > DROP_MATCH_NS:
+                break
+            w = items[k]
+            if w["seq"] not in out and _same_frame(frame, w["data"]["frame"]):
+                out.add(w["seq"])
+                if items is not wires:  # matched: out of its bucket
+                    del times[k], items[k]
+                break
+            if k == left:
+                left -= 1
+            else:
+                right += 1
     return out

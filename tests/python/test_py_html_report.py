@@ -117,6 +117,14 @@ def test_wire_records_are_arrows_and_the_switch_drop_is_at_the_switch_lane():
     assert rule.x == x["switch"] and rule.label == "rule drop cm=DREP"
     assert ladder.frame_label({"proto": "roce", "opcode": "SEND_ONLY", "psn": 5}) == \
         "SEND_ONLY psn 5"
+    # Of two sends of one frame the drop names the nearest; a summary with fewer fields
+    # (the capture's decode beside the switch's rule record) still matches.
+    h2 = History()
+    h2.wire("a", "b", 1 * S, opcode="SEND_ONLY", psn=9, len=86)
+    h2.wire("a", "b", 2 * S, opcode="SEND_ONLY", psn=9, len=86)
+    h2.add("switch_drop", "switch", 2 * S + 50, "rule:1", action="drop",
+           frame={"proto": "roce", "opcode": "SEND_ONLY", "psn": 9})
+    assert ["dropped" in a.classes for a in ladder.layout(h2.records).arrows] == [False, True]
 
 
 def test_a_100_s_quiet_stretch_of_retries_becomes_one_labelled_gap():
