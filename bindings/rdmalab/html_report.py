@@ -49,6 +49,7 @@ class Figure:
     twin: str = ""               # the column it is compared with
     agree: Optional[bool] = None
     difference: str = ""         # the first difference, in words
+    outcome: str = ""            # the result's
 
 
 @dataclasses.dataclass
@@ -157,7 +158,8 @@ def collect(out: Path, junit: Path) -> tuple[list, list[Column], list[Scenario],
         stem = _stem(r)
         figures = scenarios.setdefault(r.scenario, {}).setdefault(r.column, [])
         for rel in history_files(out, r):
-            fig = Figure(r.column, rel, None, evidence=evidence_links(out, r, stem))
+            fig = Figure(r.column, rel, None, evidence=evidence_links(out, r, stem),
+                         outcome=r.outcome)
             try:
                 fig.records = ladder.read_history(str(out / rel), rel)
             except ladder.HistoryError as e:
@@ -170,7 +172,9 @@ def collect(out: Path, junit: Path) -> tuple[list, list[Column], list[Scenario],
             twin = twin_column(by_name[col_name], cols)
             for i, fig in enumerate(figs):
                 partners = by_col.get(twin or "", [])
-                if i < len(partners) and fig.records and partners[i].records:
+                # A skipped side stopped early on purpose: nothing to compare.
+                if (i < len(partners) and fig.records and partners[i].records
+                        and "skipped" not in (fig.outcome, partners[i].outcome)):
                     _mark_difference(partners[i], fig, twin, col_name)
         figures = [f for c in order for f in by_col.get(c, [])]
         for fig in figures:
