@@ -367,6 +367,7 @@ def test_model_and_device_ladders_of_a_scenario_side_by_side(report_dir, profile
         assert apart and level, (f"{kind} ladders of {a['scenario']} are not side by side: "
                                  f"{a['column']} {a} / {b['column']} {b}")
         assert a["right"] > a["left"] and b["right"] > b["left"], f"a ladder has no width: {a} {b}"
+    print(f"side by side: {len(pairs)} {kind} pairs of ladders")
 
 
 def test_a_screenshot_of_the_report(report_dir, profile):
