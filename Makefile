@@ -145,7 +145,7 @@ test-fuzz:
 # The lanes are about as long as each other (measured: the VM lane ~900 s, the side lane
 # ~850 s from a fresh clone on 2 cores); the fuzz target closes the VM lane, whose guests are
 # gone by then, while the ASan build finishes beside it. test-browser waits for test-vm-siw's
-# report and ends the side lane.
+# report (done=: also after a failed run, whose report matters most) and ends the side lane.
 TEST_PHASES := \
   vm:build-module \
   side:vmlab-prepare \
@@ -161,7 +161,7 @@ TEST_PHASES := \
   side:test-tsan:after=build-tsan \
   side:build-asan:nice \
   side:test-asan:after=build-asan \
-  side:test-browser:nice:after=test-vm-siw
+  side:test-browser:nice:done=test-vm-siw
 
 test: deps vmlab-deps
 	$(PYTHON) tests/phases.py --make "$(MAKE)" --out $(OUT)/test-phases $(TEST_PHASES)
@@ -179,9 +179,9 @@ run: build vmlab-deps
 	rc=0; $(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT) || rc=$$?; \
 	$(call report_at,$(OUT)); exit $$rc
 
-# $(call report_at,DIR): where a run's report is (printed also when the run failed).
-report_at = if [ -f $(1)/report.html ]; then \
-	  echo "report: $(1)/report.html"; echo "        file://$(abspath $(1))/report.html"; \
+# $(call report_at,DIR): where a run's report is, as a URL to open (`rdmalab run` has printed
+# its path already; this line also comes when the run failed before writing one).
+report_at = if [ -f $(1)/report.html ]; then echo "report: file://$(abspath $(1))/report.html"; \
 	else echo "report: none written ($(1)/report.html is missing)"; fi
 
 # The scenarios on real kernel drivers, two qemu hosts each, one device at a time (2 cores:

@@ -1,10 +1,11 @@
 """`make test`'s runner: Make targets as phases in lanes, a time breakdown at the end.
 
-    python3 tests/phases.py --make make --out out/test-phases LANE:TARGET[:nice][:after=A,B] ...
+    python3 tests/phases.py --make make --out out/test-phases LANE:TARGET[:nice][:after=A,B][:done=A,B] ...
 
 Each lane runs its phases one after another, in the order given; lanes run side by side. A
-phase also waits for the phases named in after=. `nice` runs it at nice 19, so that what runs
-beside it (the VM lab's guests, whose timers the scenarios measure) gets the CPU first. Each
+phase also waits for the phases named in after= (and is skipped when one did not pass), or in
+done= (it runs once they ended, whatever their result: a report is checked after a failed run
+too). `nice` runs it at nice 19, so that what runs beside it (the VM lab's guests, whose timers the scenarios measure) gets the CPU first. Each
 phase is `make PHASE=1 TARGET` (PHASE=1: the Makefile skips prerequisites, which this runner
 has already run in its own order). Every phase runs even when another failed, unless one it
 waits for failed; each has a deadline. Output: OUT/<target>.log per phase; the first lane's
@@ -34,6 +35,7 @@ class Phase:
     target: str
     nice: bool = False
     after: list[str] = dataclasses.field(default_factory=list)
+    done_after: list[str] = dataclasses.field(default_factory=list)  # ran, passed or not
     start: Optional[float] = None
     end: Optional[float] = None
     result: str = "not run"   # passed | failed (rc N) | timed out | skipped: ... | not run
@@ -54,21 +56,24 @@ def parse(specs: list[str]) -> list[Phase]:
     for spec in specs:
         fields = spec.split(":")
         if len(fields) < 2 or not fields[0] or not fields[1]:
-            raise SystemExit(f"phases: {spec!r}: expected LANE:TARGET[:nice][:after=A,B]")
+            raise SystemExit(f"phases: {spec!r}: expected LANE:TARGET[:nice][:after=A,B][:done=A,B]")
         p = Phase(fields[0], fields[1])
         for opt in fields[2:]:
             if opt == "nice":
                 p.nice = True
             elif opt.startswith("after=") and opt[6:]:
                 p.after = opt[6:].split(",")
+            elif opt.startswith("done=") and opt[5:]:
+                p.done_after = opt[5:].split(",")
             else:
-                raise SystemExit(f"phases: {spec!r}: unknown option {opt!r} (nice, after=A,B)")
+                raise SystemExit(f"phases: {spec!r}: unknown option {opt!r} "
+                                 "(nice, after=A,B, done=A,B)")
         phases.append(p)
     names = [p.target for p in phases]
     for p in phases:
         if names.count(p.target) > 1:
             raise SystemExit(f"phases: {p.target} is listed twice")
-        for a in p.after:
+        for a in p.after + p.done_after:
             if a not in names:
                 raise SystemExit(f"phases: {p.target} waits for {a}, which is not a phase")
     return phases
@@ -98,7 +103,7 @@ class Runner:
 
     def run_lane(self, lane: str) -> None:
         for p in [p for p in self.phases if p.lane == lane]:
-            for a in p.after:
+            for a in p.after + p.done_after:
                 self.by_name[a].done.wait()
             failed = [a for a in p.after if not self.by_name[a].passed]
             if failed or self.stopping:
@@ -219,7 +224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default="out/test-phases", type=pathlib.Path)
     ap.add_argument("--deadline", type=float, default=45 * 60,
                     help="seconds one phase may take before it is killed (default 2700)")
-    ap.add_argument("phases", nargs="+", metavar="LANE:TARGET[:nice][:after=A,B]")
+    ap.add_argument("phases", nargs="+", metavar="LANE:TARGET[:nice][:after=A,B][:done=A,B]")
     args = ap.parse_args(argv)
     return Runner(parse(args.phases), args.make.split(), args.out, args.deadline).run()
 

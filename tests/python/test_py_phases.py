@@ -54,6 +54,14 @@ def test_a_failure_shows_its_log_skips_what_needs_it_and_fails_the_run(tmp_path)
     assert "did not pass: fails, needs-fails" in r.stdout
 
 
+def test_done_waits_for_a_phase_to_end_and_runs_even_when_it_failed(tmp_path):
+    r, got, _ = run(tmp_path, "a:slow", "a:fails", "b:side:done=fails")
+    assert r.returncode == 1
+    assert got["fails"]["result"] == "failed (rc 2)"
+    assert got["side"]["result"] == "passed"               # ran although fails did not pass
+    assert got["side"]["start_s"] >= got["fails"]["start_s"] + got["fails"]["seconds"] - 0.01
+
+
 def test_a_phase_past_its_deadline_is_stopped_and_named(tmp_path):
     r, got, _ = run(tmp_path, "a:hangs", "b:side", deadline=2.0)
     assert r.returncode == 1
@@ -67,6 +75,7 @@ def test_a_phase_past_its_deadline_is_stopped_and_named(tmp_path):
     (["a:slow:fast"], "unknown option 'fast'"),
     (["a:slow", "b:slow"], "slow is listed twice"),
     (["a:slow:after=nothing"], "waits for nothing, which is not a phase"),
+    (["a:slow:done=nothing"], "waits for nothing, which is not a phase"),
 ])
 def test_a_malformed_phase_list_is_refused_by_name(specs, message):
     with pytest.raises(SystemExit, match=message):
@@ -80,5 +89,6 @@ def test_the_makefiles_phase_list_parses_and_the_browser_test_follows_its_report
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     got = {p.target: p for p in phases.parse(r.stdout.split())}
-    assert got["test-browser"].after == ["test-vm-siw"]   # it opens test-vm-siw's report
+    assert got["test-browser"].done_after == ["test-vm-siw"]  # it opens test-vm-siw's report,
+    assert got["test-browser"].after == []  # also after a failed run
     assert got["test-browser"].lane != got["test-vm-siw"].lane
