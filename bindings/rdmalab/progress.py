@@ -13,6 +13,7 @@ returns), readable in a terminal and in a CI log alike.
 
 The sink is stderr, flushed per line. Under pytest, whose capture would hide it, the rdmalab
 plugin calls install_pytest_sink(config) to write to a copy of the terminal's stderr instead.
+A device lab's CM waits run in its hosts' agents: forward(agent) relays their lines here.
 This module imports nothing of rdmalab: lab/vmlab (run where the rdmalab package is not on
 sys.path) loads it by its file path (lab.vmlab.kernel.progress()).
 """
@@ -26,6 +27,7 @@ from typing import Callable, Optional
 
 MIN_S = 5.0     # a wait shorter than this prints nothing
 EVERY_S = 10.0  # then one line per this many seconds per wait
+PRINT_WAIT_S = 2.0  # how long a wait's end waits for its line being written
 
 _sink_lock = threading.Lock()
 
@@ -125,8 +127,9 @@ class _Ticker:
     def remove(self, w: Waiting) -> None:
         with self._cond:
             self._active.pop(id(w), None)
-            while id(w) in self._printing:  # its line is being written: return after it
-                self._cond.wait(1.0)
+            end = time.monotonic() + PRINT_WAIT_S
+            while id(w) in self._printing and time.monotonic() < end:
+                self._cond.wait(0.1)  # its line is being written: return after it, bounded
 
     def _loop(self) -> None:
         while True:
@@ -147,6 +150,8 @@ class _Ticker:
             try:
                 for line in due:
                     say(line)
+            except Exception:  # a sink that failed (a closed relay): progress is optional
+                pass
             finally:
                 with self._cond:
                     self._printing.clear()
@@ -158,6 +163,26 @@ class _Ticker:
 
 
 _ticker = _Ticker()
+
+
+def relay(line: str) -> None:
+    """A line from an agent (a device lab's host, where rdmalab runs the scenario's verbs and
+    CM waits): said here, with this process's running test named in it."""
+    test = current_test()
+    source, sep, rest = line.partition(": ")
+    if test and sep and " " not in source and not rest.startswith(test + ": "):
+        line = f"{source}: {test}: {rest}"
+    say(line)
+
+
+def forward(agent) -> None:
+    """Sends the progress lines of an agent's process (rdmalab.remote.Agent) to this one's
+    sink through relay(); an agent without this module (an older one) is left as it is."""
+    try:
+        agent.module("rdmalab.progress").set_sink(relay)
+    except Exception as exc:  # noqa: BLE001 (any RPyC failure: progress is optional)
+        say(f"rdmalab: progress lines of {getattr(agent, 'host', '?')}'s agent stay there: "
+            f"{type(exc).__name__}: {exc}")
 
 
 def install_pytest_sink(config) -> None:

@@ -144,3 +144,38 @@ def test_lines_get_past_pytest_capture(tmp_path, how):
     assert got and all(re.fullmatch(r"rdmalab: test_long_wait: waiting for something: \d+ s, "
                                     r"\d+ s left of 60 s", l) for l in got), r.stderr
     assert "captured stdout" not in r.stdout + r.stderr  # capture itself still on
+
+
+def test_an_agents_lines_are_relayed_with_this_tests_name(lines):
+    """A device lab's CM waits run in the hosts' agents, which know no test: relay() (their
+    sink, set by forward()) names the controller's running test in their lines."""
+    progress.relay("rdmalab: waiting for DISCONNECTED on b (passive side cm_id:3): 5 s, 7 s "
+                   "left of 12 s")
+    test = "test_an_agents_lines_are_relayed_with_this_tests_name"
+    assert lines == [f"rdmalab: {test}: waiting for DISCONNECTED on b (passive side cm_id:3): "
+                     "5 s, 7 s left of 12 s"]
+
+
+def test_forward_sets_the_agents_sink_and_survives_an_agent_without_it(lines):
+    class FakeModule:
+        sink = None
+
+        def set_sink(self, fn):
+            FakeModule.sink = fn
+
+    class Agent:
+        host = "b"
+
+        def module(self, name):
+            assert name == "rdmalab.progress"
+            return FakeModule()
+
+    progress.forward(Agent())
+    assert FakeModule.sink is progress.relay
+
+    class Old(Agent):
+        def module(self, name):
+            raise ImportError("No module named 'rdmalab.progress'")
+
+    progress.forward(Old())
+    assert lines and "progress lines of b's agent stay there" in lines[-1]
