@@ -16,8 +16,8 @@ the kernels and the RDMA stacks of its hosts did while it ran, kept beside its h
 
 Collector(lab, dir, ...).begin() at the lab's start, .scenario_end() before its shutdown,
 .finish() after it. Every host is asked through its agent with a deadline: a host lost mid-run
-gets a note in the manifest, never a hang. The host side (host_begin, host_end, rdma_res) runs
-in the agent, shipped with the package.
+gets a note in the manifest, never a hang. The host side (host_begin, host_res, host_end) runs
+in the agent, shipped with the package; `rdma res` through one rdma batch process per agent.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import select
 import shutil
 import subprocess
 import threading
@@ -38,55 +39,104 @@ HOST_DEADLINE_S = 10.0     # one agent call (rdma res and kmsg on a TCG guest ta
 MAX_PCAP_BYTES = 8 << 20   # a bulk-data scenario's capture stops growing here
 MAX_WIRE_RECORDS = 2000    # frames decoded into `wire` history records at most
 MAX_KMSG_RECORDS = kernlog.MAX_RECORDS
-_PATH = 'PATH="$PATH:/usr/sbin:/sbin"; '
+def parse_res(out: str, rc: int, err: str, device: str = "") -> dict:
+    """{kind: [entries]} from rdma's batch output, one JSON array a command in RES_KINDS' order
+    (it stops at the first that fails) (only device's entries when given: a netns
+    host sees every device); a kind whose command failed or never ran: {"error": ...}."""
+    lines = [l for l in out.splitlines() if l.strip()]
+    res: dict = {}
+    for i, kind in enumerate(RES_KINDS):
+        if i >= len(lines):
+            res[kind] = {"error": f"rdma -j res show {kind}: rc {rc}: "
+                                  f"{(err or 'no output').strip()[-300:]}"}
+            continue
+        try:
+            entries = json.loads(lines[i])
+        except ValueError:
+            res[kind] = {"error": f"rdma -j res show {kind}: not JSON: {lines[i][:300]!r}"}
+            continue
+        if device and isinstance(entries, list):
+            entries = [e for e in entries
+                       if not isinstance(e, dict) or e.get("ifname") in (None, device)]
+        res[kind] = entries
+    return res
+
+
 
 
 # -- host side: runs in the agent ----------------------------------------------------------------
 
+_RDMA: dict = {}  # the agent's rdma batch process: {"proc", "buf"}
+_RDMA_LOCK = threading.Lock()
+
+
 def rdma_res(device: str = "", deadline_s: float = 5.0) -> dict:
-    """`rdma -j res show KIND` for each of RES_KINDS in one shell: {kind: [entries]} (only
-    device's entries when given: a netns host sees every device), or {kind: {"error": ...}}."""
-    script = _PATH + "; ".join(f"echo '@@ {k}'; rdma -j res show {k} 2>&1" for k in RES_KINDS)
+    """`rdma -j res show KIND` for each of RES_KINDS, through one rdma process in batch mode
+    kept for the agent's life (an exec costs ~0.15 s on a TCG guest; a query then costs its
+    netlink dumps). Stops it on any trouble; the next call starts another."""
+    with _RDMA_LOCK:
+        st = _RDMA
+        p = st.get("proc")
+        if p is None or p.poll() is not None:
+            env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+            try:
+                # stdbuf: each command's JSON line leaves at once, not when a pipe buffer fills.
+                p = subprocess.Popen(["stdbuf", "-oL", "rdma", "-j", "-b", "-"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, close_fds=True)
+            except OSError as e:
+                return parse_res("", -1, f"rdma batch process: {e}", device)
+            st.update(proc=p, buf=b"")
+        lines: list[str] = []
+        try:
+            p.stdin.write("".join(f"res show {k}\n" for k in RES_KINDS).encode())
+            p.stdin.flush()
+            end = time.monotonic() + deadline_s
+            fd = p.stdout.fileno()
+            while len(lines) < len(RES_KINDS):
+                if b"\n" in st["buf"]:
+                    line, _, st["buf"] = st["buf"].partition(b"\n")
+                    lines.append(line.decode(errors="replace"))
+                    continue
+                left = end - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise TimeoutError(f"rdma answered {len(lines)} of {len(RES_KINDS)} "
+                                       f"queries within {deadline_s} s")
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise EOFError("rdma exited")
+                st["buf"] += chunk
+        except (OSError, EOFError, TimeoutError) as e:
+            err = _stop_rdma(p)
+            return parse_res("\n".join(lines), p.returncode if p.returncode is not None else -1,
+                             f"{type(e).__name__}: {e}; {err}", device)
+        return parse_res("\n".join(lines), 0, "", device)
+
+
+def _stop_rdma(p) -> str:
+    """Ends the batch process; its stderr (why a command failed)."""
+    _RDMA.clear()
+    p.kill()
     try:
-        r = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
-                           timeout=deadline_s)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {k: {"error": str(e)} for k in RES_KINDS}
-    out: dict = {}
-    kind, body = None, []
-    for line in r.stdout.splitlines() + ["@@ end"]:
-        if line.startswith("@@ "):
-            if kind is not None:
-                out[kind] = _res_entries("\n".join(body), device)
-            kind, body = line[3:].strip(), []
-        else:
-            body.append(line)
-    out.pop("end", None)
-    return out
+        return (p.communicate(timeout=2)[1] or b"").decode(errors="replace").strip()[-300:]
+    except Exception:
+        return ""
 
 
-def _res_entries(text: str, device: str):
-    try:
-        entries = json.loads(text or "[]")
-    except ValueError:
-        return {"error": text.strip()[-500:]}
-    if device and isinstance(entries, list):
-        entries = [e for e in entries if not isinstance(e, dict) or e.get("ifname") in
-                   (None, device)]
-    return entries
-
-
-def host_begin(device: str = "", kmsg: bool = True) -> dict:
-    """At a lab's start: where the kernel log is, the RDMA objects, the clocks."""
-    return {"kmsg": kernlog.kmsg_mark() if kmsg else None, "res": rdma_res(device),
+def host_begin(kmsg: bool = True, device: str = "") -> dict:
+    """At a lab's start: the RDMA objects, where the kernel log is, and the clocks."""
+    return {"res": rdma_res(device), "kmsg": kernlog.kmsg_mark() if kmsg else None,
             "clock": kernlog.clock_pair()}
 
 
-def host_end(device: str = "", res: bool = True, mark: Optional[dict] = None,
-             kmsg: bool = False) -> dict:
-    """At a scenario's end: the RDMA objects (res) and/or the kernel log since mark (kmsg)."""
-    return {"res": rdma_res(device) if res else None,
-            "kmsg": kernlog.kmsg_since(mark, max_records=MAX_KMSG_RECORDS) if kmsg else None,
+def host_res(device: str = "") -> dict:
+    """At a scenario's end: the RDMA objects."""
+    return rdma_res(device)
+
+
+def host_end(mark: Optional[dict]) -> dict:
+    """After the lab's shutdown: the kernel log since mark."""
+    return {"kmsg": kernlog.kmsg_since(mark, max_records=MAX_KMSG_RECORDS),
             "clock": kernlog.clock_pair()}
 
 
@@ -171,30 +221,41 @@ class Collector:
     def _device(self, host: str) -> str:
         return self.lab.machine_of(host).facts.device
 
-    def _ask(self, hosts: list[str], fn: str, *args_of: Callable[[str], tuple]) -> dict:
-        """host -> fn(*args) run in each host's agent at once, with a deadline each; a host
-        that is lost or does not answer is left out, with an error noted."""
+    def _parallel(self, tasks: list[tuple[str, str, Callable[[], object]]]) -> dict:
+        """(host, what, fn) each in a thread of its own, at once: {(host, what): result}. A
+        host that is lost, or fails or does not answer by its deadline, is left out with an
+        error noted: an outcome of the scenario, never a hang."""
         results: dict = {}
+        lost = self.lab.lost_hosts()
 
-        def one(host: str) -> None:
-            if host in self.lab.lost_hosts():
-                self.errors.append(f"{host}: {fn}: the host was lost")
+        def one(host: str, what: str, fn) -> None:
+            if host in lost:
+                self.errors.append(f"{host}: {what}: the host was lost")
                 return
-            agent = self.lab.agent_for(host)
             try:
-                f = getattr(agent.module("rdmalab.evidence"), fn)
-                args = args_of[0](host) if args_of else ()
-                results[host] = _obtain(agent.call_with_deadline(f, HOST_DEADLINE_S,
-                                                                 f"evidence {fn}", *args))
-            except Exception as e:  # a lost or broken host: an outcome, kept in the manifest
-                self.errors.append(f"{host}: {fn}: {type(e).__name__}: {e}")
+                results[(host, what)] = fn()
+            except Exception as e:  # a lost or broken host: kept in the manifest
+                self.errors.append(f"{host}: {what}: {type(e).__name__}: {e}")
 
-        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+        threads = [threading.Thread(target=one, args=t, daemon=True) for t in tasks]
         for t in threads:
             t.start()
+        end = time.monotonic() + HOST_DEADLINE_S + 5.0
         for t in threads:
-            t.join(HOST_DEADLINE_S + 5.0)
-        return results
+            t.join(max(0.0, end - time.monotonic()))
+        for (host, what, _), t in zip(tasks, threads):
+            if t.is_alive():
+                self.errors.append(f"{host}: {what}: no answer within {HOST_DEADLINE_S} s")
+        return dict(results)
+
+    def _agent_call(self, host: str, fn: str, *args) -> Callable[[], object]:
+        def call():
+            agent = self.lab.agent_for(host)
+            f = getattr(agent.module("rdmalab.evidence"), fn)
+            return _obtain(agent.call_with_deadline(f, HOST_DEADLINE_S, f"evidence {fn}",
+                                                    *args))
+        return call
+
 
     def _write(self, name: str, text: str, what: str) -> None:
         (self.dir / name).write_text(text, encoding="utf-8")
@@ -209,17 +270,21 @@ class Collector:
         t = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         kmsg_hosts = self.hosts[:1] if self.shared_kernel else self.hosts
-        got = self._ask(self.hosts, "host_begin",
-                        lambda h: (self._device(h), h in kmsg_hosts))
-        for host, r in got.items():
+        got = self._parallel([(h, "begin", self._agent_call(h, "host_begin", h in kmsg_hosts,
+                                                            self._device(h)))
+                              for h in self.hosts])
+        for host in self.hosts:
+            r = got.get((host, "begin"))
+            if r is None:
+                continue
             self._json(f"res-{host}-before.json", r["res"],
-                       f"`rdma -j res show` ({', '.join(RES_KINDS)}) on {host} at the lab's start")
+                       f"`rdma -j res show` ({', '.join(RES_KINDS)}) on {host} at the "
+                       "lab's start")
             if r.get("kmsg") is not None:
                 self._marks[host] = r["kmsg"]
-        if got:
-            first = next(h for h in self.hosts if h in got)
-            rt, mono = got[first]["clock"]
-            self._clock = (rt, mono, self.lab.agent_for(first).offset_ns)
+            if self._clock is None:
+                rt, mono = r["clock"]
+                self._clock = (rt, mono, self.lab.agent_for(host).offset_ns)
         try:
             self._start_capture()
         except Exception as e:  # the scenario runs all the same; the bundle says why
@@ -229,9 +294,10 @@ class Collector:
     def scenario_end(self) -> None:
         """Before the lab shuts down: `rdma res` after (the objects the scenario left)."""
         t = time.monotonic()
-        for host, r in self._ask(self.hosts, "host_end",
-                                 lambda h: (self._device(h), True, None, False)).items():
-            self._json(f"res-{host}-after.json", r["res"],
+        got = self._parallel([(h, "rdma res", self._agent_call(h, "host_res", self._device(h)))
+                              for h in self.hosts])
+        for (host, _), res in sorted(got.items()):
+            self._json(f"res-{host}-after.json", res,
                        f"`rdma -j res show` ({', '.join(RES_KINDS)}) on {host} at the "
                        "scenario's end, before the lab's shutdown")
         self._cost_s += time.monotonic() - t
@@ -340,10 +406,10 @@ class Collector:
             if h not in self._marks and not self.shared_kernel:
                 self.errors.append(f"{h}: no kernel-log mark at the start: its log is not "
                                    "judged")
-        got = self._ask(readers, "host_end",
-                        lambda h: (self._device(h), False, self._marks[h], True))
+        got = self._parallel([(h, "kernel log", self._agent_call(h, "host_end", self._marks[h]))
+                              for h in readers])
         records: list[dict] = []
-        for reader, r in got.items():
+        for (reader, _), r in sorted(got.items()):
             k = r["kmsg"]
             if k.get("error"):
                 self.errors.append(f"{reader}: kernel log: {k['error']}")

@@ -57,24 +57,31 @@ class HostSide:
 
     def __init__(self, splat: bool):
         self.splat = splat
+        self.objects = []
 
-    def host_begin(self, device, kmsg):
-        return {"kmsg": {"boot_id": "boot-1", "seq": 100, "error": ""} if kmsg else None,
-                "res": {"qp": [], "cm_id": []},
+    def host_res(self, device):
+        # rdma's batch output: one array a command (qp, cm_id, mr, cq, pd); another device's
+        # QP, which a netns host would see too, is left out.
+        qp = [{"ifname": "rxe0", "lqpn": n, "state": "RTS"} for n in self.objects] + \
+            [{"ifname": "rxe9", "lqpn": 99}]
+        return evidence.parse_res("\n".join(json.dumps(x) for x in (qp, [], [], [], [])),
+                                  0, "", device)
+
+    def host_begin(self, kmsg, device):
+        return {"res": self.host_res(device),
+                "kmsg": {"boot_id": "boot-1", "seq": 100, "error": ""} if kmsg else None,
                 "clock": (time.time_ns(), time.monotonic_ns())}
 
-    def host_end(self, device, res, mark, kmsg):
-        log = None
-        if kmsg:
-            records = [[101, 5_000_000, 6, "rdma_rxe: an ordinary line"]]
-            if self.splat:
-                records += [[102, 5_100_000, 4, WARN_AT + "+0x6f1/0xaf0 [rdma_rxe]"],
-                            [103, 5_100_010, 4, "Call Trace:"],
-                            [104, 5_100_020, 4, "---[ end trace 0000000000000000 ]---"]]
-            log = {"records": records, "lost": 0, "truncated": False, "rebooted": False,
-                   "boot_id": "boot-1", "error": ""}
-        return {"res": {"qp": [{"ifname": device, "lqpn": 17, "state": "RTS"}]} if res
-                else None, "kmsg": log, "clock": (time.time_ns(), time.monotonic_ns())}
+    def host_end(self, mark):
+        assert mark["seq"] == 100
+        records = [[101, 5_000_000, 6, "rdma_rxe: an ordinary line"]]
+        if self.splat:
+            records += [[102, 5_100_000, 4, WARN_AT + "+0x6f1/0xaf0 [rdma_rxe]"],
+                        [103, 5_100_010, 4, "Call Trace:"],
+                        [104, 5_100_020, 4, "---[ end trace 0000000000000000 ]---"]]
+        return {"kmsg": {"records": records, "lost": 0, "truncated": False, "rebooted": False,
+                         "boot_id": "boot-1", "error": ""},
+                "clock": (time.time_ns(), time.monotonic_ns())}
 
 
 class Agent:
@@ -178,6 +185,7 @@ def test_bundle_holds_the_wire_the_stacks_and_a_clean_kernel_log(tmp_path, switc
     c.begin()
     send(roce_cm_req(), "a")
     send(arp_from_b(), "b")
+    lab.agents["a"].side.objects = [17]
     c.scenario_end()
     assert c.finish() == []
     c.write_history()
@@ -189,7 +197,8 @@ def test_bundle_holds_the_wire_the_stacks_and_a_clean_kernel_log(tmp_path, switc
                  "kmsg-b.txt", "switch.jsonl", "history.jsonl"):
         assert (d / name).is_file() and name in manifest["files"], name
     assert manifest["splats"] == [] and manifest["errors"] == [] and manifest["capped"] == {}
-    assert json.loads((d / "res-a-after.json").read_text())["qp"][0]["lqpn"] == 17
+    assert json.loads((d / "res-a-before.json").read_text())["qp"] == []
+    assert [q["lqpn"] for q in json.loads((d / "res-a-after.json").read_text())["qp"]] == [17]
     wire = [r for r in lab.merged if r["kind"] == "wire"]
     assert [(r["data"]["src_host"], r["data"]["dst_host"]) for r in wire] == [("a", "b"),
                                                                              ("b", "")]
@@ -257,9 +266,34 @@ def test_a_lost_or_hung_host_is_noted_not_waited_for(tmp_path):
     assert c.finish() == []
     assert time.monotonic() - t < 5.0
     errors = json.loads((tmp_path / "ev" / "manifest.json").read_text())["errors"]
-    assert any(e.startswith("a: host_begin: Hung") for e in errors), errors
-    assert any(e.startswith("b: host_begin: the host was lost") for e in errors), errors
+    assert any(e.startswith("a: begin: Hung") for e in errors), errors
+    assert any(e.startswith("b: begin: the host was lost") for e in errors), errors
     assert any("no kernel-log mark" in e for e in errors), errors
+
+
+def test_res_batch_output_maps_to_kinds_and_a_failed_kind_says_so():
+    out = '[{"lqpn":1,"ifname":"rxe0"},{"lqpn":2,"ifname":"rxe1"}]\n[]\n'
+    res = evidence.parse_res(out, 1, "Unknown command mr", device="rxe0")
+    assert res["qp"] == [{"lqpn": 1, "ifname": "rxe0"}] and res["cm_id"] == []
+    assert res["mr"]["error"].startswith("rdma -j res show mr: rc 1: Unknown command mr")
+    assert set(res) == set(evidence.RES_KINDS)
+
+
+def test_rdma_batch_process_answers_or_says_why(monkeypatch, tmp_path):
+    """The agent's rdma batch process, with a stand-in rdma that answers two kinds and fails
+    the third as rdma does (stops); the next query starts a new process."""
+    fake = tmp_path / "rdma"
+    fake.write_text("#!/bin/sh\nread a; echo '[{\"lqpn\":1,\"ifname\":\"rxe0\"}]'\n"
+                    "read b; echo '[]'\nread c; echo \"Unknown: $c\" >&2; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    evidence._RDMA.clear()
+    res = evidence.rdma_res("rxe0", deadline_s=5.0)
+    assert res["qp"] == [{"lqpn": 1, "ifname": "rxe0"}] and res["cm_id"] == []
+    assert "rdma exited" in res["mr"]["error"] and "Unknown: res show mr" in res["mr"]["error"]
+    assert evidence._RDMA == {}  # stopped: the next query starts afresh
+    assert evidence.rdma_res("rxe0", deadline_s=5.0)["qp"] == [{"lqpn": 1, "ifname": "rxe0"}]
+    assert evidence._RDMA == {}
 
 
 def test_outcome_of_a_kernel_splat_is_failed():
