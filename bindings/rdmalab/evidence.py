@@ -66,6 +66,7 @@ def parse_res(out: str, rc: int, err: str, device: str = "") -> dict:
 
 # -- host side: runs in the agent ----------------------------------------------------------------
 
+_CAPTURING: dict = {}  # switch control path or bridge -> the Collector whose capture runs there
 _RDMA: dict = {}  # the agent's rdma batch process: {"proc", "buf"}
 _RDMA_LOCK = threading.Lock()
 
@@ -210,6 +211,7 @@ class Collector:
         self._marks: dict[str, dict] = {}
         self._clock: Optional[tuple[int, int, int]] = None  # (realtime, monotonic, offset)
         self._capture = None      # ("switch", SwitchControl) or ("bridge", netns.BridgeCapture)
+        self._capture_key = ""
         self._cost_s = 0.0
         machines = [lab.machine_of(h) for h in self.hosts]
         outers = {id(getattr(m, "outer", m)) for m in machines}
@@ -338,20 +340,29 @@ class Collector:
     # -- the wire
     def _start_capture(self) -> None:
         path = self.lab.switch_unusable()
+        m = self.lab.machine_of(self.hosts[0])
+        bridge = getattr(m, "bridge", None)
+        key = path if not path.startswith("!") else f"{getattr(m, 'outer', m).name}:{bridge}"
+        other = _CAPTURING.get(key)
+        if other is not None:  # a test's second lab on the same wire: one capture at a time
+            self.caps["wire"] = (f"no capture of its own: the wire's capture is in "
+                                 f"{other.dir.name}'s bundle")
+            return
+        self._capture_key = key
         if not path.startswith("!"):
             from .fabric import SwitchControl
             control = SwitchControl(path)
             control.request("pcap", path=str((self.dir / "wire.pcap").resolve()),
                             max_bytes=MAX_PCAP_BYTES)
             self._capture = ("switch", control)
+            _CAPTURING[key] = self
             return
-        m = self.lab.machine_of(self.hosts[0])
-        bridge = getattr(m, "bridge", None)
         if getattr(m, "bridge_machine", None) is not None and bridge:
             from lab import netns
             cap = netns.BridgeCapture(m.bridge_machine, bridge)
             cap.start()
             self._capture = ("bridge", cap)
+            _CAPTURING[key] = self
             return
         self.caps["wire"] = "no capture: no fault switch or bridge on the hosts' path"
 
@@ -360,6 +371,7 @@ class Collector:
             return []
         where, cap = self._capture
         self._capture = None
+        _CAPTURING.pop(self._capture_key, None)
         pcap = self.dir / "wire.pcap"
         if where == "switch":
             try:

@@ -318,3 +318,23 @@ def test_model_runs_get_a_history_property_and_no_evidence(pytester, tmp_path):
     assert "evidence" not in props and "kernel_splat" not in props
     assert (tmp_path / "out" / props["history"]).is_file()
     assert not (tmp_path / "out" / "evidence").exists()
+
+
+def test_a_second_lab_on_the_same_switch_leaves_the_capture_to_the_first(tmp_path, switch):
+    control, send = switch
+    first, second = FakeLab(control), FakeLab(control)
+    c1 = evidence.Collector(first, tmp_path / "s.1", scenario="s", column="vm-rxe")
+    c2 = evidence.Collector(second, tmp_path / "s.2", scenario="s", column="vm-rxe")
+    c1.begin()
+    c2.begin()
+    send(roce_cm_req(), "a")
+    c2.finish()
+    c1.finish()
+    assert [r["data"]["frame"]["cm"] for r in first.merged if r["kind"] == "wire"] == ["REQ"]
+    assert second.merged == []
+    assert "s.1's bundle" in json.loads((tmp_path / "s.2" / "manifest.json").read_text()
+                                        )["capped"]["wire"]
+    c3 = evidence.Collector(FakeLab(control), tmp_path / "s.3", scenario="s", column="vm-rxe")
+    c3.begin()  # the first's capture has ended: the next lab captures again
+    assert "wire" not in c3.caps
+    c3.finish()
