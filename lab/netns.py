@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import shlex
 import subprocess
 import time
@@ -446,76 +445,75 @@ def kernel_support(outer: Machine, rdma: str = "rxe") -> Optional[str]:
 class BridgeCapture:
     """tcpdump on the netns lab's bridge in the outer machine, for one scenario's evidence
     (rdmalab.evidence): every frame between the hosts, as the fault switch's capture is in the
-    VM lab. At most max_frames frames (tcpdump -c) so a bulk-data scenario stays small.
+    VM lab. Started and stopped with one outer.run() each (a guest's command agent: ~0.05 s;
+    an SSH session would cost a second on a TCG guest). At most max_frames frames (tcpdump -c)
+    and max_bytes of file come back, so a bulk-data scenario stays small.
 
-        cap = BridgeCapture(outer, "rlbr"); cap.start(); ...; cap.stop("wire.pcap")
+        cap = BridgeCapture(outer, "rlbr"); cap.start(); ...; stats = cap.stop("wire.pcap")
     """
 
     def __init__(self, machine: Machine, bridge: str, max_frames: int = 20000,
-                 path: Optional[str] = None):
-        self.machine, self.bridge, self.max_frames = machine, bridge, max_frames
-        stamp = f"{os.getpid()}-{time.monotonic_ns()}"
-        self.path = path or f"/tmp/rdmalab-bridge-{bridge}-{stamp}.pcap"
-        self.pidfile = self.path + ".pid"
-        self._proc: Optional[subprocess.Popen] = None
+                 max_bytes: int = 8 << 20):
+        self.machine, self.bridge = machine, bridge
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        base = f"/tmp/rdmalab-bridge-{bridge}-{os.getpid()}-{time.monotonic_ns()}"
+        self.path, self.log = base + ".pcap", base + ".log"
+        self.pid: Optional[int] = None
 
     def start(self, deadline_s: float = 10.0) -> None:
-        """Starts tcpdump and returns once it listens (it says so on stderr)."""
-        # -U: each packet written when captured; -Z root: no switch to the tcpdump user,
-        # whose rights may not reach the file; the pid file lets stop() signal it there.
-        cmd = (f"{_PATH}echo $$ > {shlex.quote(self.pidfile)}; exec tcpdump -i "
-               f"{shlex.quote(self.bridge)} -U -n -Z root -c {int(self.max_frames)} "
-               f"-w {shlex.quote(self.path)}")
-        self._proc = self.machine.popen(cmd, root=True)
-        end = time.monotonic() + deadline_s
-        seen = b""
-        fd = self._proc.stdout.fileno()  # raw reads: popen gives text on one machine, bytes on another
-        while b"listening on" not in seen:
-            if self._proc.poll() is not None or time.monotonic() > end:
-                self._kill()
-                raise MachineError(
-                    f"{self.machine.name}: tcpdump on {self.bridge} did not start within "
-                    f"{deadline_s} s (rc {self._proc.returncode}; tcpdump is Debian's tcpdump "
-                    f"package): {seen.decode(errors='replace').strip()[-500:]}")
-            if select.select([fd], [], [], 0.05)[0]:
-                chunk = os.read(fd, 4096)
-                seen += chunk
-                if not chunk:
-                    time.sleep(0.01)
+        """Starts tcpdump in a session of its own and returns once it listens (it says so in
+        its log)."""
+        q = shlex.quote
+        # -U and --immediate-mode: each packet written as captured (else the kernel's ring
+        # holds a block up to a second, and SIGINT loses it); -Z root: no switch to the
+        # tcpdump user, whose rights may not reach the file.
+        tries = max(1, int(deadline_s / 0.02))
+        script = (f"{_PATH}setsid tcpdump -i {q(self.bridge)} -U --immediate-mode -n -Z root "
+                  f"-c {int(self.max_frames)} -w {q(self.path)} >{q(self.log)} 2>&1 "
+                  f"</dev/null & pid=$!; echo $pid; i=0; "
+                  f"until grep -q 'listening on' {q(self.log)} 2>/dev/null; do "
+                  f"kill -0 $pid 2>/dev/null || {{ cat {q(self.log)} >&2; exit 2; }}; "
+                  f"i=$((i+1)); [ $i -ge {tries} ] && {{ cat {q(self.log)} >&2; exit 3; }}; "
+                  f"sleep 0.02; done")
+        r = self.machine.run(script, deadline_s + CMD_TIMEOUT_S, root=True)
+        first = r.out.split()[0] if r.out.split() else ""
+        self.pid = int(first) if first.isdigit() else None
+        if r.rc != 0 or self.pid is None:
+            if self.pid is not None:
+                self.machine.run(f"kill -9 {self.pid} 2>/dev/null; rm -f {q(self.path)} "
+                                 f"{q(self.log)}", CMD_TIMEOUT_S, root=True)
+            why = {2: "exited", 3: f"did not listen within {deadline_s} s"}.get(r.rc,
+                                                                               f"rc {r.rc}")
+            raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} {why} (tcpdump "
+                               f"is Debian's tcpdump package): {(r.err or r.out).strip()[-500:]}")
 
     def stop(self, local: str, deadline_s: float = 10.0) -> dict:
-        """Stops tcpdump (SIGINT: it flushes and exits), copies the capture to `local` and
-        removes it there. {"frames": n} from tcpdump's count, "capped": max_frames when hit."""
-        if self._proc is None:
+        """Stops tcpdump (SIGINT: it flushes and exits), brings the capture (its first
+        max_bytes) to `local` and removes it there. {"frames": tcpdump's count, "capped":
+        what was cut}."""
+        import base64
+        if self.pid is None:
             raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} was not started")
-        proc, self._proc = self._proc, None
-        if proc.poll() is None:
-            self.machine.run(f"kill -INT $(cat {shlex.quote(self.pidfile)}) 2>/dev/null; true",
-                             CMD_TIMEOUT_S, root=True)
-        try:
-            out = proc.communicate(timeout=deadline_s)[0] or b""
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out = proc.communicate(timeout=5)[0] or b""
-        text = out.decode(errors="replace") if isinstance(out, bytes) else out
-        m = re.search(r"(\d+) packets? captured", text)
-        frames = int(m.group(1)) if m else None
-        try:
-            self.machine.copy_from(self.path, local, CMD_TIMEOUT_S)
-        finally:
-            self.machine.run(f"rm -f {shlex.quote(self.path)} {shlex.quote(self.pidfile)}",
-                             CMD_TIMEOUT_S, root=True)
-        stats = {"frames": frames}
-        if frames is not None and frames >= self.max_frames:
-            stats["capped"] = self.max_frames
+        q, pid, self.pid = shlex.quote, self.pid, None
+        tries = max(1, int(deadline_s / 0.02))
+        # Gone or a zombie (its parent shell is gone; the outer's init may not reap it).
+        script = (f"kill -INT {pid} 2>/dev/null; i=0; while [ -e /proc/{pid} ] && ! grep -q "
+                  f"'^State:.*Z' /proc/{pid}/status 2>/dev/null; do i=$((i+1)); "
+                  f"[ $i -ge {tries} ] && {{ kill -9 {pid}; break; }}; sleep 0.02; done; "
+                  f"cat {q(self.log)} >&2; echo \"size $(stat -c %s {q(self.path)})\" >&2; "
+                  f"head -c {int(self.max_bytes)} {q(self.path)} | base64 -w0; "
+                  f"rm -f {q(self.path)} {q(self.log)}")
+        r = self.machine.run(script, deadline_s + CMD_TIMEOUT_S, root=True)
+        if r.rc != 0:
+            raise MachineError(f"{self.machine.name}: stopping tcpdump on {self.bridge}: "
+                               f"rc {r.rc}: {r.err.strip()[-500:]}")
+        with open(local, "wb") as f:
+            f.write(base64.b64decode(r.out.strip()))
+        m = re.search(r"(\d+) packets? captured", r.err)
+        size = re.search(r"size (\d+)", r.err)
+        stats: dict = {"frames": int(m.group(1)) if m else None}
+        if stats["frames"] is not None and stats["frames"] >= self.max_frames:
+            stats["capped"] = f"{self.max_frames} frames (tcpdump -c)"
+        if size and int(size.group(1)) > self.max_bytes:
+            stats["capped"] = f"{self.max_bytes} of {size.group(1)} bytes"
         return stats
-
-    def _kill(self) -> None:
-        try:
-            self.machine.run(f"kill -9 $(cat {shlex.quote(self.pidfile)}) 2>/dev/null; "
-                             f"rm -f {shlex.quote(self.path)} {shlex.quote(self.pidfile)}",
-                             CMD_TIMEOUT_S, root=True)
-        except MachineError:
-            pass
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()

@@ -389,7 +389,7 @@ class Collector:
         else:
             stats = cap.stop(str(pcap))
             if stats.get("capped"):
-                self.caps["pcap"] = f"capped at {stats['capped']} frames (tcpdump -c)"
+                self.caps["pcap"] = f"capped at {stats['capped']}"
             if self._clock is None:
                 raise RuntimeError("no clock of the bridge's machine: no host answered")
             rt, mono, off = self._clock

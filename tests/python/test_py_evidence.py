@@ -338,3 +338,41 @@ def test_a_second_lab_on_the_same_switch_leaves_the_capture_to_the_first(tmp_pat
     c3.begin()  # the first's capture has ended: the next lab captures again
     assert "wire" not in c3.caps
     c3.finish()
+
+
+def test_bridge_capture_on_this_machine_brings_the_frames_back(tmp_path):
+    """lab.netns.BridgeCapture on a bridge made here (root and tcpdump needed): frames sent
+    out of it are captured and decoded, the byte cap cuts the file, a missing bridge is an
+    error naming it."""
+    import os
+    import shutil as sh
+    from lab import netns
+    from lab.localmachine import LocalMachine
+    if os.geteuid() != 0 or not sh.which("tcpdump") or not sh.which("ip"):
+        pytest.skip("needs root, ip and tcpdump (Debian's tcpdump) to capture on a bridge")
+    br = f"rlev{os.getpid() % 10000}"
+    local = LocalMachine("local")
+    # A bridge with a port (a veth pair) has carrier, so what it sends leaves.
+    assert local.run(f"ip link add {br} type bridge && ip addr add 10.99.77.1/24 dev {br} && "
+                     f"ip link add {br}p type veth peer name {br}q && "
+                     f"ip link set {br}p master {br} up && ip link set {br}q up && "
+                     f"ip link set {br} up", 30, root=True).rc == 0
+    try:
+        full, capped = netns.BridgeCapture(local, br), netns.BridgeCapture(local, br,
+                                                                            max_bytes=100)
+        full.start()
+        capped.start()
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+            raw.bind((br, 0))
+            for _ in range(3):  # a CM REQ sent out of the bridge: its capture sees it leave
+                raw.send(roce_cm_req())
+        s1, s2 = full.stop(str(tmp_path / "full.pcap")), capped.stop(str(tmp_path / "c.pcap"))
+    finally:
+        local.run(f"ip link del {br}p; ip link del {br}", 30, root=True)
+    frames, end = evidence.decode_pcap(tmp_path / "full.pcap")
+    assert s1["frames"] == end["frames"] >= 3 and "capped" not in s1
+    assert [f["frame"]["cm"] for f in frames if "cm" in f["frame"]] == ["REQ"] * 3
+    assert s2["capped"].startswith("100 of ") and (tmp_path / "c.pcap").stat().st_size == 100
+    assert not list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))  # removed there
+    with pytest.raises(Exception, match=f"tcpdump on {br}x exited"):
+        netns.BridgeCapture(local, br + "x").start()
