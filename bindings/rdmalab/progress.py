@@ -211,11 +211,11 @@ def install_pytest_sink(config) -> None:
             pass
 
     def close() -> None:
-        set_sink(None)
+        set_sink(previous)  # an in-process pytest (pytester) hands the outer one's back
         try:
             os.close(fd)
         except OSError:
             pass
 
-    set_sink(sink)
+    previous = set_sink(sink)
     config.add_cleanup(close)
