@@ -27,6 +27,7 @@ siw: its sockets are kernel TCP sockets; how siw behaves in namespaces is still 
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shlex
@@ -367,6 +368,7 @@ class NetnsHosts:
         """Tears down what this lab made (processes killed, devices, namespaces, veths, the
         bridge); idempotent. Every host is tried; the errors come back together."""
         errors = []
+        BridgeCapture.close_all(self.outer, self.bridge)  # before its bridge goes
         for m in self.machines:
             m.retired = True
         while self._started:
@@ -443,77 +445,119 @@ def kernel_support(outer: Machine, rdma: str = "rxe") -> Optional[str]:
 
 
 class BridgeCapture:
-    """tcpdump on the netns lab's bridge in the outer machine, for one scenario's evidence
+    """tcpdump on the netns lab's bridge in the outer machine, for the scenarios' evidence
     (rdmalab.evidence): every frame between the hosts, as the fault switch's capture is in the
-    VM lab. Started and stopped with one outer.run() each (a guest's command agent: ~0.05 s;
-    an SSH session would cost a second on a TCG guest). At most max_frames frames (tcpdump -c)
-    and max_bytes of file come back, so a bulk-data scenario stays small.
+    VM lab. One tcpdump per bridge runs as long as the lab (starting one costs ~0.5 s on a TCG
+    guest); each scenario takes its part of the file:
 
-        cap = BridgeCapture(outer, "rlbr"); cap.start(); ...; stats = cap.stop("wire.pcap")
+        cap = BridgeCapture.shared(outer, "rlbr")
+        offset = cap.mark()                     # starts tcpdump when none runs
+        ...                                     # the scenario
+        stats = cap.take(offset, "wire.pcap")   # what was captured since, as a pcap file
+
+    Each is one outer.run() (a guest's command agent: ~0.05 s). A scenario's part is capped at
+    max_bytes; the file is started afresh once it outgrows max_file. NetnsHosts.close() (and
+    the interpreter's exit) stops it and removes the file.
     """
 
-    def __init__(self, machine: Machine, bridge: str, max_frames: int = 20000,
-                 max_bytes: int = 8 << 20):
+    _live: dict = {}  # (machine name, bridge) -> BridgeCapture
+
+    def __init__(self, machine: Machine, bridge: str, max_bytes: int = 8 << 20,
+                 max_file: int = 64 << 20):
         self.machine, self.bridge = machine, bridge
-        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.max_bytes, self.max_file = max_bytes, max_file
         base = f"/tmp/rdmalab-bridge-{bridge}-{os.getpid()}-{time.monotonic_ns()}"
         self.path, self.log = base + ".pcap", base + ".log"
         self.pid: Optional[int] = None
 
-    def start(self, deadline_s: float = 10.0) -> None:
-        """Starts tcpdump in a session of its own and returns once it listens (it says so in
-        its log)."""
-        q = shlex.quote
-        # -U and --immediate-mode: each packet written as captured (else the kernel's ring
-        # holds a block up to a second, and SIGINT loses it); -Z root: no switch to the
-        # tcpdump user, whose rights may not reach the file.
-        tries = max(1, int(deadline_s / 0.02))
-        script = (f"{_PATH}setsid tcpdump -i {q(self.bridge)} -U --immediate-mode -n -Z root "
-                  f"-c {int(self.max_frames)} -w {q(self.path)} >{q(self.log)} 2>&1 "
-                  f"</dev/null & pid=$!; echo $pid; i=0; "
-                  f"until grep -q 'listening on' {q(self.log)} 2>/dev/null; do "
-                  f"kill -0 $pid 2>/dev/null || {{ cat {q(self.log)} >&2; exit 2; }}; "
-                  f"i=$((i+1)); [ $i -ge {tries} ] && {{ cat {q(self.log)} >&2; exit 3; }}; "
-                  f"sleep 0.02; done")
-        r = self.machine.run(script, deadline_s + CMD_TIMEOUT_S, root=True)
-        first = r.out.split()[0] if r.out.split() else ""
-        self.pid = int(first) if first.isdigit() else None
-        if r.rc != 0 or self.pid is None:
-            if self.pid is not None:
-                self.machine.run(f"kill -9 {self.pid} 2>/dev/null; rm -f {q(self.path)} "
-                                 f"{q(self.log)}", CMD_TIMEOUT_S, root=True)
-            why = {2: "exited", 3: f"did not listen within {deadline_s} s"}.get(r.rc,
-                                                                               f"rc {r.rc}")
-            raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} {why} (tcpdump "
-                               f"is Debian's tcpdump package): {(r.err or r.out).strip()[-500:]}")
+    @classmethod
+    def shared(cls, machine: Machine, bridge: str, **kw) -> "BridgeCapture":
+        """The capture of this bridge on this machine, made on first use."""
+        key = (machine.name, bridge)
+        cap = cls._live.get(key)
+        if cap is None or cap.machine is not machine:
+            if cap is not None:
+                cap.close()
+            cap = cls._live[key] = cls(machine, bridge, **kw)
+        return cap
 
-    def stop(self, local: str, deadline_s: float = 10.0) -> dict:
-        """Stops tcpdump (SIGINT: it flushes and exits), brings the capture (its first
-        max_bytes) to `local` and removes it there. {"frames": tcpdump's count, "capped":
-        what was cut}."""
-        import base64
-        if self.pid is None:
-            raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} was not started")
-        q, pid, self.pid = shlex.quote, self.pid, None
+    @classmethod
+    def close_all(cls, machine: Optional[Machine] = None, bridge: Optional[str] = None) -> None:
+        for key, cap in list(cls._live.items()):
+            if (machine is None or cap.machine is machine) and (bridge is None
+                                                                 or cap.bridge == bridge):
+                del cls._live[key]
+                cap.close()
+
+    def mark(self, deadline_s: float = 10.0) -> int:
+        """The capture file's size now (where a scenario's part starts); tcpdump is started
+        first when none runs (or it died, or its file outgrew max_file)."""
+        q = shlex.quote
         tries = max(1, int(deadline_s / 0.02))
-        # Gone or a zombie (its parent shell is gone; the outer's init may not reap it).
-        script = (f"kill -INT {pid} 2>/dev/null; i=0; while [ -e /proc/{pid} ] && ! grep -q "
-                  f"'^State:.*Z' /proc/{pid}/status 2>/dev/null; do i=$((i+1)); "
-                  f"[ $i -ge {tries} ] && {{ kill -9 {pid}; break; }}; sleep 0.02; done; "
-                  f"cat {q(self.log)} >&2; echo \"size $(stat -c %s {q(self.path)})\" >&2; "
-                  f"head -c {int(self.max_bytes)} {q(self.path)} | base64 -w0; "
-                  f"rm -f {q(self.path)} {q(self.log)}")
+        alive = (f"[ -n \"$old\" ] && [ -e /proc/$old ] && ! grep -q '^State:.*Z' "
+                 f"/proc/$old/status 2>/dev/null")
+        gone = f"rm -f {q(self.path)} {q(self.log)}"
+        # -U and --immediate-mode: each packet in the file as it is captured; -Z root: no
+        # switch to the tcpdump user, whose rights may not reach the file.
+        script = (f"{_PATH}old={self.pid or ''}; size=$(stat -c %s {q(self.path)} 2>/dev/null "
+                  f"|| echo 0); if {alive} && [ $size -lt {int(self.max_file)} ]; then "
+                  f"echo \"$old $size\"; exit 0; fi; "
+                  f"[ -n \"$old\" ] && kill -9 $old 2>/dev/null; rm -f {q(self.path)}; "
+                  f"setsid tcpdump -i {q(self.bridge)} -U --immediate-mode -n -Z root "
+                  f"-w {q(self.path)} >{q(self.log)} 2>&1 </dev/null & pid=$!; i=0; "
+                  f"until grep -q 'listening on' {q(self.log)} 2>/dev/null; do "
+                  f"kill -0 $pid 2>/dev/null || {{ cat {q(self.log)} >&2; {gone}; exit 2; }}; "
+                  f"i=$((i+1)); [ $i -ge {tries} ] && {{ kill -9 $pid; cat {q(self.log)} >&2; "
+                  f"{gone}; exit 3; }}; sleep 0.02; done; "
+                  f"echo \"$pid $(stat -c %s {q(self.path)})\"")
         r = self.machine.run(script, deadline_s + CMD_TIMEOUT_S, root=True)
-        if r.rc != 0:
-            raise MachineError(f"{self.machine.name}: stopping tcpdump on {self.bridge}: "
-                               f"rc {r.rc}: {r.err.strip()[-500:]}")
+        words = r.out.split()
+        if r.rc != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+            self.pid = None
+            why = {2: "exited", 3: f"did not listen within {deadline_s} s"}.get(
+                r.rc, f"rc {r.rc}: {r.out.strip()[-200:]}")
+            raise MachineError(f"{self.machine.name}: tcpdump on {self.bridge} {why} (tcpdump "
+                               f"is Debian's tcpdump package): {r.err.strip()[-500:]}")
+        self.pid = int(words[0])
+        return int(words[1])
+
+    def take(self, offset: int, local: str) -> dict:
+        """What the capture holds past offset, as a pcap file at `local` (the file's own header
+        first; at most max_bytes of records, the last possibly cut). {"bytes": n, "capped":
+        why} when the part was larger."""
+        import base64
+        q = shlex.quote
+        script = (f"size=$(stat -c %s {q(self.path)}) || exit 1; echo \"size $size\" >&2; "
+                  f"head -c 24 {q(self.path)} | base64 -w0; echo; "
+                  f"tail -c +{int(offset) + 1} {q(self.path)} | head -c {int(self.max_bytes)} "
+                  f"| base64 -w0; echo")
+        r = self.machine.run(script, CMD_TIMEOUT_S, root=True)
+        lines = r.out.split("\n")
+        if r.rc != 0 or len(lines) < 2:
+            raise MachineError(f"{self.machine.name}: reading the capture of {self.bridge} "
+                               f"({self.path}): rc {r.rc}: {r.err.strip()[-500:]}")
+        header, data = base64.b64decode(lines[0]), base64.b64decode(lines[1])
+        if len(header) != 24:
+            raise MachineError(f"{self.machine.name}: the capture of {self.bridge} has no pcap "
+                               f"header ({len(header)} bytes)")
         with open(local, "wb") as f:
-            f.write(base64.b64decode(r.out.strip()))
-        m = re.search(r"(\d+) packets? captured", r.err)
-        size = re.search(r"size (\d+)", r.err)
-        stats: dict = {"frames": int(m.group(1)) if m else None}
-        if stats["frames"] is not None and stats["frames"] >= self.max_frames:
-            stats["capped"] = f"{self.max_frames} frames (tcpdump -c)"
-        if size and int(size.group(1)) > self.max_bytes:
-            stats["capped"] = f"{self.max_bytes} of {size.group(1)} bytes"
+            f.write(header + data)
+        m = re.search(r"size (\d+)", r.err)
+        part = int(m.group(1)) - int(offset) if m else len(data)
+        stats: dict = {"bytes": part}
+        if part > self.max_bytes:
+            stats["capped"] = f"{self.max_bytes} of {part} bytes"
         return stats
+
+    def close(self) -> None:
+        """Stops tcpdump and removes its files (a machine already gone is fine)."""
+        pid, self.pid = self.pid, None
+        try:
+            self.machine.run(f"{'kill -9 %d 2>/dev/null; ' % pid if pid else ''}"
+                             f"rm -f {shlex.quote(self.path)} {shlex.quote(self.log)}",
+                             CMD_TIMEOUT_S, root=True)
+        except (MachineError, OSError):
+            pass
+
+
+atexit.register(BridgeCapture.close_all)

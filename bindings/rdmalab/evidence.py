@@ -212,6 +212,7 @@ class Collector:
         self._clock: Optional[tuple[int, int, int]] = None  # (realtime, monotonic, offset)
         self._capture = None      # ("switch", SwitchControl) or ("bridge", netns.BridgeCapture)
         self._capture_key = ""
+        self._bridge_offset = 0
         self._cost_s = 0.0
         machines = [lab.machine_of(h) for h in self.hosts]
         outers = {id(getattr(m, "outer", m)) for m in machines}
@@ -359,8 +360,9 @@ class Collector:
             return
         if getattr(m, "bridge_machine", None) is not None and bridge:
             from lab import netns
-            cap = netns.BridgeCapture(m.bridge_machine, bridge)
-            cap.start()
+            cap = netns.BridgeCapture.shared(m.bridge_machine, bridge,
+                                             max_bytes=MAX_PCAP_BYTES)
+            self._bridge_offset = cap.mark()
             self._capture = ("bridge", cap)
             _CAPTURING[key] = self
             return
@@ -387,7 +389,7 @@ class Collector:
                 return t_ns - offset - self.lab.t0_ns
             what = "the fault switch's capture (every frame it received) for the scenario"
         else:
-            stats = cap.stop(str(pcap))
+            stats = cap.take(self._bridge_offset, str(pcap))
             if stats.get("capped"):
                 self.caps["pcap"] = f"capped at {stats['capped']}"
             if self._clock is None:

@@ -340,10 +340,11 @@ def test_a_second_lab_on_the_same_switch_leaves_the_capture_to_the_first(tmp_pat
     c3.finish()
 
 
-def test_bridge_capture_on_this_machine_brings_the_frames_back(tmp_path):
-    """lab.netns.BridgeCapture on a bridge made here (root and tcpdump needed): frames sent
-    out of it are captured and decoded, the byte cap cuts the file, a missing bridge is an
-    error naming it."""
+def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path):
+    """lab.netns.BridgeCapture on a bridge made here (root and tcpdump needed): one tcpdump
+    serves successive scenarios, each taking the frames sent out of the bridge since its
+    mark, decoded; the byte cap cuts a part; close() stops it and removes its files; a missing
+    bridge is an error naming it."""
     import os
     import shutil as sh
     from lab import netns
@@ -352,27 +353,39 @@ def test_bridge_capture_on_this_machine_brings_the_frames_back(tmp_path):
         pytest.skip("needs root, ip and tcpdump (Debian's tcpdump) to capture on a bridge")
     br = f"rlev{os.getpid() % 10000}"
     local = LocalMachine("local")
-    # A bridge with a port (a veth pair) has carrier, so what it sends leaves.
-    assert local.run(f"ip link add {br} type bridge && ip addr add 10.99.77.1/24 dev {br} && "
-                     f"ip link add {br}p type veth peer name {br}q && "
-                     f"ip link set {br}p master {br} up && ip link set {br}q up && "
+    # A bridge with a port (a veth pair) is up with carrier.
+    assert local.run(f"ip link add {br} type bridge && ip link add {br}p type veth peer name "
+                     f"{br}q && ip link set {br}p master {br} up && ip link set {br}q up && "
                      f"ip link set {br} up", 30, root=True).rc == 0
-    try:
-        full, capped = netns.BridgeCapture(local, br), netns.BridgeCapture(local, br,
-                                                                            max_bytes=100)
-        full.start()
-        capped.start()
+
+    def send(n):
         with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
             raw.bind((br, 0))
-            for _ in range(3):  # a CM REQ sent out of the bridge: its capture sees it leave
+            for _ in range(n):  # CM REQs sent out of the bridge: its capture sees them leave
                 raw.send(roce_cm_req())
-        s1, s2 = full.stop(str(tmp_path / "full.pcap")), capped.stop(str(tmp_path / "c.pcap"))
+
+    def reqs(path):
+        frames, _ = evidence.decode_pcap(path)
+        return [f["frame"]["cm"] for f in frames if "cm" in f["frame"]]
+    try:
+        cap = netns.BridgeCapture.shared(local, br, max_bytes=1000)
+        assert netns.BridgeCapture.shared(local, br) is cap
+        first = cap.mark()
+        pid = cap.pid
+        send(2)
+        s1 = cap.take(first, str(tmp_path / "1.pcap"))
+        second = cap.mark()
+        assert cap.pid == pid and second > first  # the same tcpdump
+        send(5)  # 5 x 338 bytes: past max_bytes
+        s2 = cap.take(second, str(tmp_path / "2.pcap"))
+        files = list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))
+        netns.BridgeCapture.close_all(local, br)
     finally:
         local.run(f"ip link del {br}p; ip link del {br}", 30, root=True)
-    frames, end = evidence.decode_pcap(tmp_path / "full.pcap")
-    assert s1["frames"] == end["frames"] >= 3 and "capped" not in s1
-    assert [f["frame"]["cm"] for f in frames if "cm" in f["frame"]] == ["REQ"] * 3
-    assert s2["capped"].startswith("100 of ") and (tmp_path / "c.pcap").stat().st_size == 100
-    assert not list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))  # removed there
+    assert reqs(tmp_path / "1.pcap") == ["REQ", "REQ"] and "capped" not in s1
+    assert reqs(tmp_path / "2.pcap") == ["REQ", "REQ"]  # 2 whole records in 1000 bytes
+    assert s2["capped"] == f"1000 of {s2['bytes']} bytes" and s2["bytes"] >= 5 * 338
+    assert files and not any(f.exists() for f in files)  # close() removed them
     with pytest.raises(Exception, match=f"tcpdump on {br}x exited"):
-        netns.BridgeCapture(local, br + "x").start()
+        netns.BridgeCapture(local, br + "x").mark()
+    assert not list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}x-*"))
