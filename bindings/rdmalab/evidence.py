@@ -130,6 +130,32 @@ def host_begin(kmsg: bool = True, device: str = "") -> dict:
             "clock": kernlog.clock_pair()}
 
 
+def capture_state(path: str, pid: int) -> tuple[bool, int]:
+    """(whether pid runs, the size of path): the netns lab's bridge capture seen from a host's
+    agent, which shares the outer machine's file system."""
+    alive = False
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            alive = not any(l.startswith("State:") and "Z" in l.split()[1:2] for l in f)
+    except OSError:
+        pass
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    return alive, size
+
+
+def file_part(path: str, offset: int, max_bytes: int) -> tuple[bytes, bytes, int]:
+    """(the first 24 bytes, at most max_bytes from offset, the size) of a file: a scenario's
+    part of the bridge capture."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        header = f.read(24)
+        f.seek(offset)
+        return header, f.read(max_bytes), size
+
+
 def host_res(device: str = "") -> dict:
     """At a scenario's end: the RDMA objects."""
     return rdma_res(device)
@@ -362,7 +388,9 @@ class Collector:
             from lab import netns
             cap = netns.BridgeCapture.shared(m.bridge_machine, bridge,
                                              max_bytes=MAX_PCAP_BYTES)
-            self._bridge_offset = cap.mark()
+            reader = self.hosts[0]
+            self._bridge_offset = cap.mark(probe=lambda path, pid: self._agent_call(
+                reader, "capture_state", path, pid)())
             self._capture = ("bridge", cap)
             _CAPTURING[key] = self
             return
@@ -389,7 +417,10 @@ class Collector:
                 return t_ns - offset - self.lab.t0_ns
             what = "the fault switch's capture (every frame it received) for the scenario"
         else:
-            stats = cap.take(self._bridge_offset, str(pcap))
+            reader = next((h for h in self.hosts if h not in self.lab.lost_hosts()), None)
+            read = None if reader is None else (lambda path, off, n: self._agent_call(
+                reader, "file_part", path, off, n)())
+            stats = cap.take(self._bridge_offset, str(pcap), read=read)
             if stats.get("capped"):
                 self.caps["pcap"] = f"capped at {stats['capped']}"
             if self._clock is None:

@@ -374,10 +374,11 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
         pid = cap.pid
         send(2)
         s1 = cap.take(first, str(tmp_path / "1.pcap"))
-        second = cap.mark()
+        # The second scenario looks through a host agent's file functions (no command).
+        second = cap.mark(probe=evidence.capture_state)
         assert cap.pid == pid and second > first  # the same tcpdump
         send(5)  # 5 x 338 bytes: past max_bytes
-        s2 = cap.take(second, str(tmp_path / "2.pcap"))
+        s2 = cap.take(second, str(tmp_path / "2.pcap"), read=evidence.file_part)
         files = list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))
         netns.BridgeCapture.close_all(local, br)
     finally:
