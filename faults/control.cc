@@ -110,7 +110,9 @@ json Switch::handle(const json& req) {
         // The capture that ends: what it wrote and what its cap kept out.
         json closed = nullptr;
         if (pcap_)
-          closed = {{"path", pcap_->path()}, {"frames", pcap_->frames()}, {"skipped", pcap_->skipped()}};
+          closed = {{"path", pcap_->path()},
+                    {"frames", pcap_->frames()},
+                    {"skipped", pcap_->skipped()}};
         pcap_.reset();  // the old capture ends even if the new file cannot be opened
         if (!p.is_null()) pcap_.emplace(p.get<std::string>(), max_bytes);
         return {{"ok", true}, {"path", p}, {"closed", closed}};
