@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional, Union
 
+from . import progress
 from .errors import FaultNotSupported, HostLost, Hung
 from .errors import make_error as _make_error
 from .faults import NoFaults
@@ -148,6 +149,7 @@ class AgentPool:
                 self._installed[machine.name] = inst
                 channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
             agent = Agent.start(gw, machine.name, channel=channel)
+            progress.forward(agent)  # its CM waits say what they wait for, here
             if machine.facts.device:  # the host's own device, where the kernel lists more
                 agent.module("os").environ["RDMALAB_DEVICES"] = machine.facts.device
             self.kernels[machine.name] = machine.run("uname -r", 30).out.strip()
@@ -1153,7 +1155,8 @@ class AgentLab:
 
     # -- time (wall clock: devices run on their own)
     def run_for(self, duration_ns: int) -> None:
-        time.sleep(duration_ns / 1e9)
+        with progress.Waiting(f"running for {duration_ns / 1e9:.0f} s", duration_ns / 1e9):
+            time.sleep(duration_ns / 1e9)
         self.check_errors()
 
     sleep = run_for
@@ -1162,12 +1165,13 @@ class AgentLab:
                    what: str = "condition") -> None:
         start = self.now_ns
         end = start + timeout_ns
-        while not pred():
-            if self._lost:
-                raise HostLost(*next(iter(self._lost.items())))
-            if self.now_ns >= end:
-                raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what}"))
-            time.sleep(POLL_S)
+        with progress.Waiting(f"waiting for {what}", timeout_ns / 1e9):
+            while not pred():
+                if self._lost:
+                    raise HostLost(*next(iter(self._lost.items())))
+                if self.now_ns >= end:
+                    raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what}"))
+                time.sleep(POLL_S)
         self.check_errors()
 
     def spawn(self, name: str, fn: Callable[[], None]) -> None:

@@ -172,21 +172,21 @@ class _Serve(threading.Thread):
 
     def __init__(self, conn, name: str):
         super().__init__(name=f"rpyc-{name}", daemon=True)
-        self._conn, self._stop = conn, threading.Event()
+        self._conn, self._stopping = conn, threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self._conn.serve(0.05)
             except EOFError:
                 return
             except Exception:  # a closed connection during shutdown
-                if self._stop.is_set() or self._conn.closed:
+                if self._stopping.is_set() or self._conn.closed:
                     return
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
 
 _AGENTS: dict[int, "Agent"] = {}
