@@ -197,6 +197,8 @@ report_at = if [ -f $(1)/report.html ]; then echo "report: file://$(abspath $(1)
 # never-answered connect give up after 7 s instead of 127 s; the caps read the sysctl, so
 # the scenario predicts 7 s there, while the model twin beside it keeps Linux's default 6
 # (127 s of virtual time): the long wait is covered by the model, the device runs the short one.
+# Each device lab's histories and evidence bundles (capture, rdma res, kernel logs: the
+# kernel-log oracle) stay in $(OUT)/vm-rxe, $(OUT)/vm-siw and $(OUT)/netns.
 VM_HOSTS   ?= 2
 INVENTORY  ?= $(CURDIR)/.cache/vmlab/inventory-rxe.toml
 VM_SYSCTL  ?= net.ipv4.tcp_syn_retries=2
@@ -213,7 +215,8 @@ test-vm-rxe: $(call needs,build-module vmlab-prepare)
 	if RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(VMLAB) up --device rxe --hosts $(VM_HOSTS) \
 	    --inventory $(INVENTORY); then \
 	  $(VM_PYTEST) tests/scenarios --lab model:roce --lab inventory:$(INVENTORY) \
-	    --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs || rc=1; \
+	    --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs \
+	    --history-dir $(OUT)/vm-rxe/history || rc=1; \
 	  echo "== the same guests: inventory checks and a host lost mid-scenario"; \
 	  RDMALAB_INVENTORY=$(INVENTORY) $(VM_PYTEST) tests/vm -rxXs || rc=1; \
 	  $(VMLAB) down --inventory $(INVENTORY) || rc=1; \
@@ -244,7 +247,7 @@ NETNS_HOSTS  ?= 2
 test-netns: $(call needs,build-module vmlab-prepare)
 	@echo "== scenarios on netns:rxe ($(NETNS_HOSTS) namespaces in one $(NETNS_KERNEL) guest)"
 	$(VM_PYTEST) tests/scenarios --lab model:roce --lab netns:rxe --kernel $(NETNS_KERNEL) \
-	  --vm-hosts $(NETNS_HOSTS) --rdmalab-timeout 180 -rxXs
+	  --vm-hosts $(NETNS_HOSTS) --rdmalab-timeout 180 -rxXs --history-dir $(OUT)/netns/history
 
 # The suite on each VM lab device (rxe, siw) and guest kernel (bookworm 6.1, trixie 6.12, sid
 # 7.2): out/matrix/matrix.md, the table README's "Kernel matrix" quotes (copy it there with

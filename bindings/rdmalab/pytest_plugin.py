@@ -13,7 +13,8 @@ Options:
   --history-dir DIR    one JSON-lines history per lab, named after the test id
   --evidence-dir DIR   an evidence bundle per scenario on a device lab (rdmalab.evidence:
                        capture, rdma res, kernel logs, splats); default: `evidence` beside
-                       --history-dir when that is given, else none
+                       --history-dir when that is given, else a temporary directory
+                       (removed when the session passes, printed when it does not)
   --rdmalab-timeout S  wall-clock safety net per test (default 300 s; 0 = off)
   --metrics-listen HOST:PORT, --metrics-push URL: Prometheus metrics (rdmalab.metrics_pytest)
 
@@ -27,7 +28,7 @@ divergence is a strict xfail, a provider fact is recorded on the passing cell (J
 provider_fact). The terminal summary compares each device column with the model column of its
 personality (rdmalab.agreement).
 
-Kernel logs are an oracle on device labs with evidence: a splat (WARNING, BUG, Oops, KASAN,
+Kernel logs are an oracle on every device lab: a splat (WARNING, BUG, Oops, KASAN,
 UBSAN, RCU stall, hung task: rdmalab.kernlog) in a host's kernel log during a scenario, its
 lab's shutdown included, fails it (teardown; outcome "failed"), unless a findings-registry entry
 expects it on that driver and kernel (its kernel_log regexes). JUnit properties: history (paths
@@ -45,6 +46,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from typing import Optional
 
@@ -286,6 +288,7 @@ class Settings:
     history_dir: Optional[str]
     timeout_s: float
     evidence_dir: Optional[str] = None
+    evidence_temp: bool = False  # made for this session: the oracle runs without a bundle asked
 
 
 def pytest_addoption(parser):
@@ -429,8 +432,11 @@ def hosts(lab):
 def _start_evidence(item, lab, spec: LabSpec, settings: Settings, collectors: list):
     """An evidence.Collector begun for a device lab when bundles are wanted, else None. A
     test's second lab renames the first's bundle <stem>.1 (as its history is named)."""
-    if not settings.evidence_dir or spec.backend == "model":
+    if spec.backend == "model":
         return None
+    if not settings.evidence_dir:  # the kernel-log oracle needs a bundle to put splats in
+        settings.evidence_dir = tempfile.mkdtemp(prefix="rdmalab-evidence-")
+        settings.evidence_temp = True
     from . import evidence
     stem = history_name(item.nodeid)
     n = len(collectors) + 1
@@ -803,6 +809,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("rdmalab: left on the hosts after the run (health check)")
         for leak in _LEAKS:
             terminalreporter.write_line(leak)
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is not None and settings.evidence_temp:
+        if exitstatus == 0:
+            shutil.rmtree(settings.evidence_dir, ignore_errors=True)
+        else:
+            terminalreporter.write_line(f"rdmalab: evidence bundles (no --history-dir or "
+                                        f"--evidence-dir given): {settings.evidence_dir}")
     failures = config.stash.get(_FAILURES, [])
     if not failures:
         return
