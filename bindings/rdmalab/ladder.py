@@ -15,7 +15,9 @@ NOTABLE) is compressed into a band of thin rows, labelled with its length and wh
 it ("94.3 s: 14 DREQ retries").
 
 first_difference() compares the user-visible outcomes of two histories (a model personality and
-the device it predicts) host by host, with backend object ids normalised away."""
+the device it predicts) host by host and kind by kind (CM events, completions, async events,
+drains: the order between kinds is timing, not an outcome), with backend object ids normalised
+away, and only the kinds both sides record on that host (outcomes())."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "c
 BULKABLE = {"post", "wc", "retransmit", "switch_watch", "switch_drop", "switch_delay",
             "switch_duplicate", "switch_corrupt", "switch_reorder", "switch_release"}
 # Outcomes a user sees, compared between a model and its device (first_difference).
-OUTCOME_KINDS = ("cm_event", "wc", "async_event")
+OUTCOME_KINDS = ("cm_event", "wc", "async_event", "drain_end")
 
 
 @dataclasses.dataclass
@@ -110,17 +112,18 @@ class Tick:
 @dataclasses.dataclass
 class Difference:
     """The first user-visible outcome where two histories differ: on host, the index-th
-    outcome; model_seq / device_seq the record on each side (None where that side has no
-    more outcomes on that host)."""
+    outcome of its kind; model_seq / device_seq the record on each side (None where that side
+    has no more outcomes of that kind on that host)."""
     host: str
     index: int
     model_seq: Optional[int]
     device_seq: Optional[int]
     model_text: str
     device_text: str
+    kind: str = "outcome"
 
     def describe(self, model_name="model", device_name="device") -> str:
-        return (f"first difference, host {self.host}, outcome #{self.index + 1}: "
+        return (f"first difference, host {self.host}, {self.kind} #{self.index + 1}: "
                 f"{model_name} {self.model_text or '(nothing more)'}, "
                 f"{device_name} {self.device_text or '(nothing more)'}")
 
@@ -276,27 +279,43 @@ def outcome_token(rec: dict) -> Optional[str]:
         return f"wc {data.get('opcode')} {data.get('status')}"
     if kind == "async_event":
         return f"async_event {data.get('event')}"
+    if kind == "drain_end":
+        return f"drain {'complete' if data.get('complete') else 'INCOMPLETE'}"
     return None
 
 
-def outcomes(records: list[dict]) -> dict[str, list[tuple[str, int]]]:
-    """host -> [(token, seq)] in history order."""
-    out: dict[str, list[tuple[str, int]]] = {}
+def outcomes(records: list[dict]) -> dict[tuple[str, str], list[tuple[str, int]]]:
+    """(host, kind) -> [(token, seq)] in history order. Completions inside a drain (between
+    drain_begin and drain_end of one QP) are the drain's own: its markers on one backend, the
+    flushes it counts on another (DrainMethod); the drain's outcome is its drain_end."""
+    out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    draining: set[tuple[str, str]] = set()
     for rec in records:
+        where = (rec.get("host", ""), rec.get("object", ""))
+        if rec["kind"] == "drain_begin":
+            draining.add(where)
+        elif rec["kind"] == "drain_end":
+            draining.discard(where)
+        elif rec["kind"] == "wc" and where in draining:
+            continue
         token = outcome_token(rec)
         if token is not None:
-            out.setdefault(rec.get("host", ""), []).append((token, rec["seq"]))
+            out.setdefault((rec.get("host", ""), rec["kind"]), []).append((token, rec["seq"]))
     return out
 
 
 def first_difference(model: list[dict], device: list[dict]) -> Optional[Difference]:
-    """The first outcome where the histories differ: per host, the first index where the
-    outcome sequences differ (one ending early counts); of those, the lowest index (hosts in
-    name order break ties). None when every host saw the same outcomes."""
+    """The first outcome where the histories differ: per host and kind, the first index where
+    the sequences differ (one ending early counts); of those, the lowest index (kinds in
+    OUTCOME_KINDS order, then hosts in name order, break ties). None when they agree."""
     m, d = outcomes(model), outcomes(device)
     best: Optional[Difference] = None
-    for host in sorted(set(m) | set(d)):
-        ms, ds = m.get(host, []), d.get(host, [])
+    # Only what both sides record on a host is compared: a model lab that brings QPs up
+    # without rdma_cm has no CM events, a device records a completion when it is polled and
+    # the model when it is made (an overflowed CQ's): the scenario's assertions judge those.
+    keys = sorted(set(m) & set(d), key=lambda hk: (OUTCOME_KINDS.index(hk[1]), hk[0]))
+    for host, kind in keys:
+        ms, ds = m.get((host, kind), []), d.get((host, kind), [])
         for i in range(max(len(ms), len(ds))):
             mt = ms[i] if i < len(ms) else None
             dt = ds[i] if i < len(ds) else None
@@ -304,7 +323,7 @@ def first_difference(model: list[dict], device: list[dict]) -> Optional[Differen
                 continue
             if best is None or i < best.index:
                 best = Difference(host, i, mt[1] if mt else None, dt[1] if dt else None,
-                                  mt[0] if mt else "", dt[0] if dt else "")
+                                  mt[0] if mt else "", dt[0] if dt else "", kind)
             break
     return best
 

@@ -163,12 +163,15 @@ def test_first_difference_is_found_at_the_differing_outcome_and_absent_when_they
     assert model.records[diff.model_seq]["data"]["event"] == "ESTABLISHED"
     assert bad.records[diff.device_seq]["data"]["event"] == "REJECTED"
     assert "ESTABLISHED" in diff.describe() and "REJECTED" in diff.describe()
-    # The device has one outcome more on a: the model side has nothing there.
+    # The device has one completion more on a: the model side has nothing there.
+    model.add("wc", "a", 250_000_000, "qp:5", opcode="SEND", status="SUCCESS", wr_id=1)
     more = device_connect()
-    more.add("wc", "a", 300_000_000, "qp:9", opcode="SEND", status="WR_FLUSH_ERR", wr_id=1)
+    more.add("wc", "a", 250_000_000, "qp:9", opcode="SEND", status="SUCCESS", wr_id=1)
+    more.add("wc", "a", 300_000_000, "qp:9", opcode="SEND", status="WR_FLUSH_ERR", wr_id=2)
     diff = ladder.first_difference(model.records, more.records)
-    assert diff.host == "a" and diff.model_seq is None
+    assert diff.host == "a" and diff.model_seq is None and diff.index == 1
     assert more.records[diff.device_seq]["kind"] == "wc"
+    assert diff.kind == "wc" and "wc #2" in diff.describe()
     # The highlight lands on that record's row, or at the end for the side with nothing.
     lad = ladder.layout(more.records, {diff.device_seq: "x"})
     mark = next(m for m in lad.marks if diff.device_seq in m.seqs)
@@ -419,3 +422,41 @@ def test_run_writes_and_names_the_report(tmp_path):
     assert [c[1]["data-outcome"] for c in dom.having("cell", "td")] == ["passed"]
     figures = dom.having("ladder", "figure")
     assert len(figures) == 1 and (out / figures[0][1]["data-history"]).is_file()
+
+
+def test_kinds_are_compared_apart_and_cm_events_only_where_both_sides_have_them():
+    # Completions and CM events in another order between them: timing, not an outcome.
+    model, device = model_connect(), device_connect()
+    model.add("wc", "a", 1, "qp:9", opcode="SEND", status="SUCCESS", wr_id=1)  # before any event
+    device.add("wc", "a", 400_000_000, "qp:3", opcode="SEND", status="SUCCESS", wr_id=1)
+    assert ladder.first_difference(model.records, device.records) is None
+    # A model lab that brought its QPs up without rdma_cm has no CM events: only the
+    # completions are compared, and a differing one is still found.
+    bare = History()
+    bare.add("wc", "a", 1, "qp:9", opcode="SEND", status="SUCCESS", wr_id=1)
+    assert ladder.first_difference(bare.records, device.records) is None
+    flushed = History()
+    flushed.add("wc", "a", 1, "qp:9", opcode="SEND", status="WR_FLUSH_ERR", wr_id=1)
+    diff = ladder.first_difference(flushed.records, device.records)
+    assert diff is not None and diff.kind == "wc" and "WR_FLUSH_ERR" in diff.model_text
+    # A kind one side does not record on a host is not compared (the model writes a CQE's
+    # wc when it is made, a device when it is polled): no completions on the device here.
+    assert ladder.first_difference(flushed.records, model_connect().records) is None
+
+
+def test_a_drains_own_completions_are_not_outcomes_its_result_is():
+    marker, counting = model_connect(), device_connect()
+    for h, qp in ((marker, "qp:5"), (counting, "qp:9")):
+        h.add("wc", "a", 200_000_000, qp, opcode="SEND", status="SUCCESS", wr_id=1)
+        h.add("drain_begin", "a", 210_000_000, qp, outstanding_sq=0, outstanding_rq=0)
+    # The marker method's own completion; the counting method polls without recording.
+    marker.add("wc", "a", 211_000_000, "qp:5", opcode="RDMA_WRITE", status="WR_FLUSH_ERR",
+               wr_id=2)
+    marker.add("drain_end", "a", 212_000_000, "qp:5", complete=True, method="marker")
+    counting.add("drain_end", "a", 212_000_000, "qp:9", complete=True, method="counting")
+    assert ladder.first_difference(marker.records, counting.records) is None
+    hung = device_connect()
+    hung.add("wc", "a", 200_000_000, "qp:9", opcode="SEND", status="SUCCESS", wr_id=1)
+    hung.add("drain_end", "a", 212_000_000, "qp:9", complete=False, method="counting")
+    diff = ladder.first_difference(marker.records, hung.records)
+    assert diff is not None and diff.kind == "drain_end" and "INCOMPLETE" in diff.device_text
