@@ -329,7 +329,7 @@ void IwCm::on_rst(Ep& ep) {
     upcall(ep, ev);
     return maybe_free(ep.id);
   }
-  closed(ep, true, -ECONNRESET);
+  closed(ep, true, dev_.pers.abort_close_status);
 }
 
 // The connection is made: the QP gets its peer from it and goes to RTS.
@@ -347,8 +347,9 @@ void IwCm::qp_to(Ep& ep, bool error) {
   if (ep.qp->state == QpState::RTS) ep.qp->set_state(QpState::SQD, "iw_cm: graceful close");
 }
 
-// The endpoint is down: the provider moves the QP to ERR, then CLOSE with status (cxgb4:
-// -ECONNRESET on an abort, as peer_abort_upcall reports it; -ETIMEDOUT from the ep timer).
+// The endpoint is down: the provider moves the QP to ERR, then CLOSE with status (an abort:
+// Personality::abort_close_status, cxgb4's -ECONNRESET, siw's 0; -ETIMEDOUT from cxgb4's ep
+// timer).
 void IwCm::closed(Ep& ep, bool abort, int status) {
   env_.runtime.cancel(ep.timer);
   ep.timer = 0;
@@ -540,7 +541,7 @@ void IwCm::disconnect(uint32_t id, bool abrupt) {
   if (!ep.connected) return;
   if (abrupt) {
     send(ep, wire("TCP_RST"));
-    return closed(ep, true, -ECONNRESET);
+    return closed(ep, true, dev_.pers.abort_close_status);
   }
   if (ep.fin_sent) return;
   ep.fin_sent = true;

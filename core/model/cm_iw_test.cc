@@ -82,6 +82,26 @@ TEST_P(IwPers, ConnectSendAndDisconnect) {
   server.id->destroy(lab->runtime().now_ns());
 }
 
+// Destroying an established id resets the connection: the peer's DISCONNECTED carries the
+// provider's status: cxgb4 peer_abort -> close_complete_upcall(ep, -ECONNRESET); siw
+// SIW_CM_WORK_PEER_CLOSE -> IW_CM_EVENT_CLOSE(0), passed through by cma_iw_handler (seen on
+// siw in the VM lab: DISCONNECTED status 0 after the peer's process was killed).
+TEST_P(IwPers, PeerResetDisconnectsWithTheProvidersStatus) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  const TimeNs t0 = lab->runtime().now_ns();
+  client.id->destroy(t0);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
+  server.expect(E::DISCONNECTED, GetParam() == "iwarp-siw" ? 0 : -ECONNRESET, t0 + kLatency);
+  EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
 
 TEST(IwCm, NoListenerIsRefused) {

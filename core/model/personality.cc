@@ -152,6 +152,10 @@ Personality iwarp_siw() {
   p.cq_rounding = CqRounding::kPow2;      // siw_verbs.c siw_create_cq: roundup_pow_of_two(n)
   // siw_cm.c siw_proc_mpareply: MPA_RR_FLAG_REJECT -> CONNECT_REPLY with -ECONNRESET.
   p.mpa_reject_status = -ECONNRESET;
+  // siw_cm.c: every IW_CM_EVENT_CLOSE upcall carries 0, an abort's too (siw_qp_cm_drop in
+  // RDMA_MODE; SIW_CM_WORK_PEER_CLOSE: DISCONNECT then CLOSE, both 0), and cma_iw_handler
+  // passes the status through: DISCONNECTED status 0 (cxgb4's peer_abort: -ECONNRESET).
+  p.abort_close_status = 0;
   p.iwarp_closing = true;                 // seed 000, semantics.md F
   p.guid_base = 0x0250560000000000ull;    // (model)
   return p;

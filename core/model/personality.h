@@ -2,6 +2,7 @@
 // mlx5, cxgb4, siw or mana. The table (personality.cc) cites the source of every line.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct Personality {
   CqRounding cq_rounding = CqRounding::kExact;
   // The status of RDMA_CM_EVENT_REJECTED when the peer's MPA reply carries the reject flag.
   int mpa_reject_status = 0;
+  // iWARP: the status of DISCONNECTED (IW_CM_EVENT_CLOSE) when the connection ends in an abort
+  // (a TCP RST from the peer, or our own abrupt close).
+  int abort_close_status = -ECONNRESET;
   // iWARP: SQD is RDMAC CLOSING; no posts in CLOSING; modify to CLOSING with SQ WRs -> ERR.
   bool iwarp_closing = false;
   // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
