@@ -23,6 +23,16 @@ PacketHook drop_opcode(const std::string& opcode, int count = -1) {
   };
 }
 
+// server (on "a") listens, client connects to it, server accepts: ESTABLISHED on both.
+void establish(CmEnd& server, CmEnd& client) {
+  SCOPED_TRACE("establish");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+}
+
 class IwPers : public ::testing::TestWithParam<std::string> {};
 
 // MPA request/reply; a graceful close: FIN, FIN, ACK; DISCONNECTED on both sides with the QP
@@ -90,11 +100,7 @@ TEST_P(IwPers, PeerResetDisconnectsWithTheProvidersStatus) {
   auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
-  server.listen();
-  client.start_connect("a");
-  server.accept_next();
-  EXPECT_EQ(server.next().event, E::ESTABLISHED);
-  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  establish(server, client);
   const TimeNs t0 = lab->runtime().now_ns();
   client.id->destroy(t0);
   EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
@@ -193,11 +199,7 @@ TEST(IwCm, LostFinEndsInAReset) {
   auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
-  server.listen();
-  client.start_connect("a");
-  server.accept_next();
-  EXPECT_EQ(server.next().event, E::ESTABLISHED);
-  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  establish(server, client);
   lab->set_packet_hook(drop_opcode("TCP_FIN", 1));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
@@ -213,11 +215,7 @@ TEST(IwCm, SiwLostFinClosesAtOnceAndLeavesThePeerHalfOpen) {
   auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
-  server.listen();
-  client.start_connect("a");
-  server.accept_next();
-  EXPECT_EQ(server.next().event, E::ESTABLISHED);
-  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  establish(server, client);
   lab->set_packet_hook(drop_opcode("TCP_FIN"));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
@@ -233,11 +231,7 @@ TEST(IwCm, SiwSendWithoutReceiveTerminatesBothSides) {
   auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
-  server.listen();
-  client.start_connect("a");
-  server.accept_next();
-  EXPECT_EQ(server.next().event, E::ESTABLISHED);
-  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  establish(server, client);
   auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->qp()->post_send(send_wr(1, *cmr));
@@ -277,11 +271,7 @@ TEST(IwCm, DestroyWithQueuedEventsDropsThem) {
   auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
-  server.listen();
-  client.start_connect("a");
-  server.accept_next();
-  EXPECT_EQ(server.next().event, E::ESTABLISHED);
-  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  establish(server, client);
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
   auto conn = std::dynamic_pointer_cast<ModelCmId>(server.id);
