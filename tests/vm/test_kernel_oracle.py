@@ -17,35 +17,11 @@ import sys
 import tomllib
 import xml.etree.ElementTree as ET
 
-import pytest
-
-from rdmalab.agentlab import qemu_unavailable
 from rdmalab.pytest_plugin import history_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "tests" / "kernlog" / "scenario_warn.py"
 WARN_TEXT = "rdmalab_warn: a deliberate warning"  # the module's WARN message
-_WHY = qemu_unavailable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"the VM lab cannot run here: {_WHY}")
-
-
-@pytest.fixture
-def inventory(tmp_path):
-    given = os.environ.get("RDMALAB_INVENTORY")
-    if given:
-        yield pathlib.Path(given)
-        return
-    inv = tmp_path / "inv.toml"
-    vmlab = [sys.executable, "-m", "lab.vmlab"]
-    r = subprocess.run(vmlab + ["up", "--device", "rxe", "--hosts", "2", "--inventory", str(inv)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=400,
-                       stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stdout + r.stderr
-    try:
-        yield inv
-    finally:
-        subprocess.run(vmlab + ["down", "--inventory", str(inv)], cwd=ROOT, timeout=120,
-                       stdin=subprocess.DEVNULL, capture_output=True)
 
 
 def _stem(case: ET.Element) -> str:
