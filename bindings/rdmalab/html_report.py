@@ -66,9 +66,7 @@ def cell_outcome(r: report.Result) -> str:
 
 
 def _stem(r: report.Result) -> str:
-    name = f"{r.classname}.{r.name}" if r.classname else r.name
-    name = name.replace("[", "-").replace("]", "")
-    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", name)
+    return report.history_name(f"{r.classname}.{r.name}" if r.classname else r.name)
 
 
 def history_files(out: Path, r: report.Result) -> list[str]:

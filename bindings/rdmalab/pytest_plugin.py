@@ -42,7 +42,6 @@ import dataclasses
 import faulthandler
 import functools
 import os
-import re
 import shutil
 import signal
 import sys
@@ -53,6 +52,7 @@ from typing import Optional
 import pytest
 
 from . import _core, agreement, findings, metrics_pytest, report
+from .report import history_name  # noqa: F401 (also imported from here)
 from .errors import FaultNotSupported, WallClockTimeout, raise_parked
 from .lab import Lab, model_lab, personalities
 from .names import parse
@@ -508,14 +508,6 @@ def splat_failure(splats: list[dict]) -> str:
     return (f"KernelSplat: {len(bad)} kernel-log splat(s) on host(s) {', '.join(hosts)} during "
             f"the scenario; first on host {first['host']} ({first.get('kernel') or 'kernel ?'}): "
             f"{first['first_line']}  [{os.path.join(first['evidence'], first['file'])}]")
-
-
-def history_name(nodeid: str) -> str:
-    """A file name for a test id: tests/scenarios/test_x.py::test_y[model-ib] ->
-    tests.scenarios.test_x.test_y-model-ib."""
-    name = nodeid.replace(".py::", ".").replace("::", ".").replace("/", ".")
-    name = name.replace("[", "-").replace("]", "")
-    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", name)
 
 
 def replay_command(item, spec: LabSpec, seed: int) -> str:

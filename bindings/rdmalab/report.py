@@ -78,6 +78,15 @@ def split_nodeid(nodeid: str, props: dict) -> tuple[str, str]:
     return split_name(classname, parts[-1], props)
 
 
+def history_name(nodeid: str) -> str:
+    """A file name for a test id (the history's and the evidence bundle's):
+    tests/scenarios/test_x.py::test_y[model-ib] -> tests.scenarios.test_x.test_y-model-ib; a
+    JUnit case's "classname.name" gives the same."""
+    name = nodeid.replace(".py::", ".").replace("::", ".").replace("/", ".")
+    name = name.replace("[", "-").replace("]", "")
+    return re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", name)
+
+
 CELL = {"passed": "passed", "failed": "FAILED", "error": "ERROR", "skipped": "skipped",
         "finding": "finding", "host_lost": "HOST-LOST"}
 
