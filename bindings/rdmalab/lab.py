@@ -25,6 +25,9 @@ from .protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
 from .verbs import Context, DeviceCaps, unwrap
 
 HISTORY_TAIL = 50  # records in a Hung dump
+# The model's planted defects, name -> what it breaks (core/include/rdmalab/mutation.h): the
+# swarm's mutation test switches them on with model_lab(mutations=...) and must find each.
+MUTATIONS: dict[str, str] = dict(_core.mutations())
 
 _LIVE: "weakref.WeakSet[Lab]" = weakref.WeakSet()
 
@@ -107,6 +110,7 @@ class Lab:
     or call shutdown()."""
 
     capabilities: frozenset = frozenset()
+    mutations: tuple = ()  # planted defects on (model_lab(mutations=...)); devices: none
 
     def __init__(self, core: _core.Lab, description: str = ""):
         self._o = core
@@ -322,18 +326,22 @@ HostsArg = Union[Mapping[str, Union[str, Mapping]], Iterable[str]]
 
 def model_lab(seed: int = 1, hosts: HostsArg = ("a", "b"), personality: str = "ib", *,
               latency_ns: Optional[int] = None, jitter_ns: Optional[int] = None,
-              loss_ppm: Optional[int] = None) -> Lab:
+              loss_ppm: Optional[int] = None, mutations: Iterable[str] = ()) -> Lab:
     """A model lab. hosts: names (each gets `personality`), or {name: personality} or
-    {name: {"personality": ..., "xrc_tgt_lifetime": "handle" | "xrcd"}}."""
+    {name: {"personality": ..., "xrc_tgt_lifetime": "handle" | "xrcd"}}. mutations: planted
+    defects to switch on (names from MUTATIONS; none by default), recorded in lab_start."""
     opts = _core.LabOptions()
     opts.seed = seed
+    opts.mutations = _mutation_names(mutations)
     opts.hosts = [_host_spec(n, s) for n, s in _host_items(hosts, personality)]
     for key, value in (("latency_ns", latency_ns), ("jitter_ns", jitter_ns),
                        ("loss_ppm", loss_ppm)):
         if value is not None:
             setattr(opts.fabric, key, value)
     desc = "model:" + ",".join(sorted({h.personality for h in opts.hosts}))
-    return ModelLab(_core.make_lab(opts), desc)
+    lab = ModelLab(_core.make_lab(opts), desc)
+    lab.mutations = tuple(opts.mutations)
+    return lab
 
 
 def verbs_lab(seed: int = 1, host: str = "local",
@@ -350,6 +358,16 @@ def verbs_lab(seed: int = 1, host: str = "local",
 def personalities() -> list[str]:
     """The model's device personalities ("ib", "roce", "iwarp-siw", ...)."""
     return list(_core.personalities())
+
+
+def _mutation_names(mutations: Iterable[str]) -> list[str]:
+    if isinstance(mutations, str):
+        raise TypeError("mutations must be a list of names, not a str")
+    names = list(mutations)
+    unknown = [m for m in names if m not in MUTATIONS]
+    if unknown:
+        raise ValueError(f"unknown mutation {unknown[0]!r}; known: {', '.join(MUTATIONS)}")
+    return names
 
 
 def _host_items(hosts: HostsArg, personality: str):

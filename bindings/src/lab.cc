@@ -111,7 +111,8 @@ void bind_model_structs(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("seed", &model::LabOptions::seed)
       .def_readwrite("hosts", &model::LabOptions::hosts)
-      .def_readwrite("fabric", &model::LabOptions::fabric);
+      .def_readwrite("fabric", &model::LabOptions::fabric)
+      .def_readwrite("mutations", &model::LabOptions::mutations);
 
   py::class_<model::Packet>(m, "Packet")
       .def(py::init<>())
@@ -210,6 +211,12 @@ void bind_model_lab(py::module_& m) {
       "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
       arg("options"), kRelease);
   m.def("personalities", &model::personalities);
+  // The planted defects (rdmalab/mutation.h) as (name, what it breaks), in table order.
+  m.def("mutations", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& mu : kMutations) out.emplace_back(mu.name, mu.breaks);
+    return out;
+  });
 }
 
 // The verbs backend: this machine's devices as one host (in the VM lab each guest's agent

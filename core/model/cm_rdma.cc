@@ -55,6 +55,12 @@ void ModelCmId::require(const std::string& verb, std::initializer_list<RdmaCmSta
 
 void ModelCmId::report(CmEventType type, int status, std::vector<uint8_t> private_data,
                        uint64_t owner, uint64_t new_id) {
+  // MUTATION(missing_disconnected): the passive closer (its user never called rdma_disconnect)
+  // is not told, on IB, RoCE and iWARP alike.
+  if (type == CmEventType::DISCONNECTED && !disconnect_called_ &&
+      env().mutated(Mutation::kMissingDisconnected)) {
+    return;
+  }
   CmEvent ev;
   ev.event = type;
   ev.status = status;
@@ -212,6 +218,7 @@ void ModelCmId::reject(const std::vector<uint8_t>& private_data) {
 void ModelCmId::disconnect() {
   enter("rdma_disconnect");
   env().record(st_.host, st_.label, "verb", {{"verb", "rdma_disconnect"}});
+  disconnect_called_ = true;
   if (iwarp()) return iw_disconnect();
   if (!ib_id_) throw Error("rdma_disconnect", EINVAL, st_.label + " has no connection");
   ib_disconnect();
@@ -249,8 +256,10 @@ void ModelCmId::qp_to_err() {
 void ModelCmId::destroy(TimeNs deadline_ns) {
   enter("rdma_destroy_id");
   auto self = shared_from_this();
-  const bool acked = env().runtime.wait_until(
-      [this] { return !st_.live() || ch_.unacked(st_.id) == 0; }, deadline_ns);
+  // MUTATION(destroy_ignores_unacked): destroy does not wait for the acks of events read.
+  const bool acked = env().mutated(Mutation::kDestroyIgnoresUnacked) ||
+                     env().runtime.wait_until(
+                         [this] { return !st_.live() || ch_.unacked(st_.id) == 0; }, deadline_ns);
   st_.check("rdma_destroy_id");
   if (!acked) {
     const uint64_t n = ch_.unacked(st_.id);

@@ -172,6 +172,7 @@ class ModelCmId final : public ModelObject<CmId>, public std::enable_shared_from
   uint8_t peer_rnr_retry_ = 7;
   Gid peer_gid_;
   std::string peer_host_;
+  bool disconnect_called_ = false;  // rdma_disconnect on this id (the missing_disconnected defect)
 };
 
 }  // namespace rdmalab::model

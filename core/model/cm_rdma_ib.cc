@@ -139,6 +139,8 @@ void ModelCmId::on_ib_event(const IbCmEvent& ev) {
       return report(CmEventType::DISCONNECTED,
                     ev.type == IbCmEventType::DREQ_ERROR ? -ETIMEDOUT : 0);
     case IbCmEventType::TIMEWAIT_EXIT:
+      // MUTATION(double_timewait_exit): the user gets TIMEWAIT_EXIT twice.
+      if (env().mutated(Mutation::kDoubleTimewaitExit)) report(CmEventType::TIMEWAIT_EXIT, 0);
       return report(CmEventType::TIMEWAIT_EXIT, 0);
     case IbCmEventType::MRA_RECEIVED:
       return;  // ignored by rdma_cm

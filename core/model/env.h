@@ -69,6 +69,8 @@ struct Env {
     verb_hook(VerbCall{host, verb, object, qp_num});
   }
 
+  bool mutated(Mutation m) const { return runtime.mutated(m); }
+
   Device* device(const std::string& host) const {
     auto it = devices.find(host);
     return it == devices.end() ? nullptr : it->second;

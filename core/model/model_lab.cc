@@ -14,6 +14,16 @@ ModelLabImpl::ModelLabImpl(const LabOptions& opts)
     : env_(std::make_unique<Env>(opts.seed)),
       fabric_(std::make_unique<Fabric>(*env_, opts.fabric)) {
   if (opts.hosts.empty()) throw Error("make_lab", EINVAL, "a lab needs at least one host");
+  MutationSet mutations;
+  for (const std::string& name : opts.mutations) {
+    const auto m = mutation_by_name(name);
+    if (!m) {
+      throw Error("make_lab", EINVAL,
+                  "unknown mutation '" + name + "'; known: " + mutation_names());
+    }
+    mutations.set(*m);
+  }
+  env_->runtime.set_mutations(mutations);
   int index = 0;
   for (const HostSpec& spec : opts.hosts) {
     if (spec.name.empty()) throw Error("make_lab", EINVAL, "a host needs a name");
@@ -29,7 +39,9 @@ ModelLabImpl::ModelLabImpl(const LabOptions& opts)
     if (d == nullptr || d->host_down) return Fabric::kHostDown;
     return d->port_up && !d->fatal ? nullptr : Fabric::kPortDown;
   });
-  env_->record("", "lab", "lab_start", {{"seed", opts.seed}, {"hosts", opts.hosts.size()}});
+  nlohmann::json start = {{"seed", opts.seed}, {"hosts", opts.hosts.size()}};
+  if (!opts.mutations.empty()) start["mutations"] = opts.mutations;  // a planted-defect model
+  env_->record("", "lab", "lab_start", std::move(start));
 }
 
 ModelLabImpl::~ModelLabImpl() {

@@ -207,15 +207,21 @@ void QpCore::schedule_flush() {
 
 // Every outstanding WR, signaled or not, completes with WR_FLUSH_ERR, in posting order per queue.
 void QpCore::flush_now() {
+  // MUTATION(lost_flush_completion): the QP's first flushed WR that would make a CQE makes none.
+  auto lose = [this](bool makes_cqe) {
+    if (!makes_cqe || flush_lost_ || !env.mutated(Mutation::kLostFlushCompletion)) return false;
+    flush_lost_ = true;
+    return true;
+  };
   while (!sq_.empty()) {
     SendWqe w = std::move(sq_.front());
     sq_.pop_front();
-    complete_send(w, WcStatus::WR_FLUSH_ERR);
+    if (!lose(!w.reported && send_cq != nullptr)) complete_send(w, WcStatus::WR_FLUSH_ERR);
   }
   while (!rq_.empty()) {
     RecvWr wr = std::move(rq_.front());
     rq_.pop_front();
-    complete_recv(recv_cq, wr, WcStatus::WR_FLUSH_ERR, 0, nullptr);
+    if (!lose(recv_cq != nullptr)) complete_recv(recv_cq, wr, WcStatus::WR_FLUSH_ERR, 0, nullptr);
   }
 }
 

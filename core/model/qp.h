@@ -145,6 +145,7 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   bool comm_est_raised_ = false;
   // error
   bool flush_pending_ = false;
+  bool flush_lost_ = false;  // the planted lost_flush_completion defect fired here (flush_now)
   bool dead_ = false;  // device fatal: nothing completes any more
 };
 

@@ -48,6 +48,8 @@ class SimRuntime final : public Runtime {
   bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) override;
   void notify_all() override {}
   bool stopping() const override { return stopping_; }
+  bool mutated(Mutation m) const override { return mutations_.on(m); }
+  void set_mutations(MutationSet m) { mutations_ = m; }
 
   // Timers: the model's events (packet arrivals, transport timeouts). fn runs on the baton
   // holder at virtual time t (>= now). Same t: FIFO.
@@ -78,6 +80,7 @@ class SimRuntime final : public Runtime {
   void thread_main(SimThread* t, std::function<void()> body);
 
   TimeNs now_ = 0;
+  MutationSet mutations_;
   bool stopping_ = false;
   Rng rng_;
   Rng sched_rng_;

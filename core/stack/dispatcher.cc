@@ -431,6 +431,14 @@ void AsyncDispatcher::destroy_object(const Object& obj,
     throw;
   }
   st.record(label, "destroy_end", {{"object_id", id}});
+  // MUTATION(handler_after_destroy): the events destroy took off the object's queue go back on
+  // it once the object is gone (already acked), so their handlers run after destroy_end.
+  if (runtime_.mutated(Mutation::kHandlerAfterDestroy) && !dropped.empty()) {
+    std::lock_guard lock(st.mu);
+    e->fifo.insert(e->fifo.end(), dropped.begin(), dropped.end());
+    e->refs += static_cast<int>(dropped.size());
+    st.schedule_locked(e);
+  }
 }
 
 bool AsyncDispatcher::wait_event(uint64_t object_id, AsyncEventType type, TimeNs deadline_ns,

@@ -42,6 +42,8 @@ struct LabOptions {
   uint64_t seed = 1;
   std::vector<HostSpec> hosts;
   FabricOptions fabric;
+  // Planted defects to switch on, by name (rdmalab/mutation.h); make_lab refuses unknown ones.
+  std::vector<std::string> mutations;
 };
 
 // One packet on the model fabric, as a wire fault sees it.

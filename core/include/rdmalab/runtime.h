@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "rdmalab/mutation.h"
 #include "rdmalab/types.h"
 
 namespace rdmalab {
@@ -32,6 +33,9 @@ class Runtime {
 
   // True once the owner is shutting down: thread bodies must return soon after.
   virtual bool stopping() const = 0;
+
+  // A planted defect (rdmalab/mutation.h) is on: only a model lab made with it says so.
+  virtual bool mutated(Mutation /*m*/) const { return false; }
 
   void sleep_for(TimeNs d) {
     const TimeNs until = now_ns() + d;
