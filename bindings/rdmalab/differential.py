@@ -1,0 +1,90 @@
+"""Model against device for one schedule: the user-visible outcome of each side of each
+connection (rdma_cm events and their statuses, the status of each work request's completion,
+async events) and of each step, read from two histories through the runner's `schedule_bind`
+records, so object ids and QPNs never need to agree. `differences()` lists where they part.
+
+A difference is a candidate, not a finding: it is written out with both histories and the
+schedule (write_candidate) to be classified in the findings registry (README "The findings
+registry"): suspect the model first.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Optional
+
+from .schedule import Schedule
+
+
+def outcome(history: list[dict]) -> dict:
+    """{"conn/side": {"events": [...], "wc": {wr_id: status}, "async": [...]},
+    "steps": [[i, op, result, errno], ...]} from a runner's history."""
+    by_id, by_qp, out = {}, {}, {"steps": []}
+    for r in history:
+        kind, d = r["kind"], r.get("data", {})
+        if kind == "schedule_bind":
+            key = f"{d['conn']}/{d['side']}"
+            by_id[(r["host"], d["cm_id"])] = key
+            if d.get("qp_num"):
+                by_qp[(r["host"], d["qp_num"])] = key
+            out.setdefault(key, {"events": [], "wc": {}, "async": []})
+        elif kind == "schedule_step":
+            out["steps"].append([d["i"], d["op"], d["result"], d.get("errno", "")])
+        elif kind == "cm_event":
+            key = by_id.get((r["host"], r["object"]))
+            if key:
+                out[key]["events"].append(f"{d['event']}({d.get('status', 0)})")
+        elif kind == "wc":
+            key = by_qp.get((r["host"], d.get("qp_num")))
+            if key:
+                out[key]["wc"][str(d.get("wr_id"))] = f"{d.get('opcode')}:{d.get('status')}"
+        elif kind == "async_event":
+            key = by_qp.get((r["host"], d.get("qp_num", d.get("number"))))
+            if key:
+                out[key]["async"].append(d.get("event"))
+    return out
+
+
+def differences(model: dict, device: dict) -> list[str]:
+    """Where two outcomes part, one line each, in schedule order."""
+    diffs = []
+    ms, ds = {s[0]: s for s in model["steps"]}, {s[0]: s for s in device["steps"]}
+    for i in sorted(set(ms) | set(ds)):
+        a, b = ms.get(i), ds.get(i)
+        if a is None or b is None or a[2:] != b[2:]:
+            diffs.append(f"step {i} ({(a or b)[1]}): model {_step(a)}, device {_step(b)}")
+    for key in sorted(k for k in set(model) | set(device) if k != "steps"):
+        a, b = model.get(key), device.get(key)
+        if a is None or b is None:
+            diffs.append(f"{key}: only on the {'device' if a is None else 'model'}")
+            continue
+        if a["events"] != b["events"]:
+            diffs.append(f"{key} events: model {a['events']}, device {b['events']}")
+        for wr in sorted(set(a["wc"]) | set(b["wc"]), key=int):
+            x, y = a["wc"].get(wr, "no completion"), b["wc"].get(wr, "no completion")
+            if x != y:
+                diffs.append(f"{key} wr {wr}: model {x}, device {y}")
+        if a["async"] != b["async"]:
+            diffs.append(f"{key} async events: model {a['async']}, device {b['async']}")
+    return diffs
+
+
+def _step(s: Optional[list]) -> str:
+    if s is None:
+        return "not run"
+    return s[2] + (f" {s[3]}" if s[3] else "")
+
+
+def write_candidate(out: pathlib.Path, schedule: Schedule, lab: str, diffs: list[str],
+                    model_history: list, device_history: list) -> pathlib.Path:
+    """out/<lab>-seed<seed>/: schedule.json, model.jsonl, device.jsonl, differences.txt."""
+    d = out / f"{lab.replace(':', '-')}-seed{schedule.seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    schedule.dump(d / "schedule.json")
+    for name, hist in (("model.jsonl", model_history), ("device.jsonl", device_history)):
+        (d / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in hist))
+    (d / "differences.txt").write_text(
+        f"candidate finding: schedule seed {schedule.seed} on {lab}\n"
+        f"classify it in bindings/rdmalab/findings.toml (finding / provider-fact / "
+        f"unclassified), or fix the model if the model is wrong\n\n" + "\n".join(diffs) + "\n")
+    return d

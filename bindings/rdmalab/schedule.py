@@ -1,0 +1,251 @@
+"""Fault schedules as data (JSON): connections, traffic and faults, each step at once, after a
+delay or at a named protocol moment. Hand-written scenarios may run one; the swarm
+(rdmalab.swarm) draws them; `python3 -m rdmalab replay FILE --lab ...` replays one on any lab.
+
+    {"rdmalab_schedule": 1, "hosts": ["a", "b"], "seed": 7, "personality": "roce",
+     "steps": [
+       {"op": "connect", "conn": "c0", "client": "a", "server": "b"},
+       {"op": "rule", "name": "r0", "rule": {"action": "drop", "cm": "DREP"}},
+       {"op": "recv", "conn": "c0", "side": "server", "n": 2},
+       {"op": "post", "conn": "c0", "side": "client", "opcode": "SEND", "n": 2},
+       {"op": "disconnect", "conn": "c0", "side": "client"},
+       {"op": "kill", "host": "b", "process": "p0",
+        "at": {"moment": "cm_msg", "msg": "DREQ", "n": 3}}]}
+
+The step vocabulary (OPS below) and the moments (MOMENTS) are documented in README "Fault
+schedules". The runner speaks only the Lab protocol, so one schedule runs on the model, the VM
+lab and real hosts; a moment a lab cannot observe is taken at the nearest point it can, and
+the history says so (`schedule_moment` with `approx`).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pathlib
+from typing import Any, Optional
+
+from . import sec
+from .errors import Error, FaultNotSupported, Hung
+
+SCHEMA = 1
+SIDES = ("client", "server")
+OPCODES = ("SEND", "RDMA_WRITE", "RDMA_READ")
+ASYNC_EVENTS = ("QP_FATAL", "QP_REQ_ERR", "QP_ACCESS_ERR", "COMM_EST", "SQ_DRAINED",
+                "PATH_MIG", "PATH_MIG_ERR", "QP_LAST_WQE_REACHED")
+CM_MESSAGES = ("REQ", "MRA", "REJ", "REP", "RTU", "DREQ", "DREP")
+# How long the runner waits for what the stack must do on its own (a connection's outcome, a
+# destroy, a drain): past the IB CM's give-up (16 REQs 4.6-6.4 s apart; an MRA stretches it).
+OUTCOME_NS = sec(400)
+DESTROY_NS = sec(10)
+
+# op -> {field: type}; "conn"/"side"/"host"/"process" are checked against the schedule.
+_C, _S, _H = "conn", "side", "host"
+OPS: dict[str, dict[str, Any]] = {
+    "connect": {"conn": str, "client": str, "server": str, "client_process": str,
+                "server_process": str},
+    "recv": {_C: str, _S: str, "n": int},
+    "post": {_C: str, _S: str, "opcode": str, "n": int, "signaled": bool},
+    "disconnect": {_C: str, _S: str},
+    "drain": {_C: str, _S: str},
+    "destroy": {_C: str, _S: str},
+    "async_event": {_C: str, _S: str, "event": str, "driver_delay_ns": int},
+    "kill": {_H: str, "process": str},
+    "reboot": {_H: str, "down_ns": int},
+    "port_down": {_H: str},
+    "port_up": {_H: str},
+    "rule": {"name": str, "rule": dict},
+    "unrule": {"name": str},
+    "wait": {"ns": int},
+}
+_REQUIRED = {
+    "connect": ("conn", "client", "server"), "recv": (_C, _S), "post": (_C, _S),
+    "disconnect": (_C, _S), "drain": (_C, _S), "destroy": (_C, _S),
+    "async_event": (_C, _S, "event"), "kill": (_H, "process"), "reboot": (_H, "down_ns"),
+    "port_down": (_H,), "port_up": (_H,), "rule": ("name", "rule"), "unrule": ("name",),
+    "wait": ("ns",),
+}
+# Moments: "wait" ones block the schedule until they happen (bounded by within_ns); "trigger"
+# ones arm the step and go on: it runs when the moment comes during a later step.
+MOMENTS: dict[str, dict[str, Any]] = {
+    "after": {"ns": int},                                            # wait: a delay
+    "cm_state": {_C: str, _S: str, "state": str, "within_ns": int},  # wait: IB/iWARP CM state
+    "cm_event": {_C: str, _S: str, "event": str, "within_ns": int},  # wait: an rdma_cm event
+    "cm_msg": {"msg": str, "n": int, "src_host": str, "within_ns": int},  # wait: nth CM msg
+    "verb": {"verb": str, _C: str, _S: str},                         # trigger: verb in flight
+    "qpn_reused": {_H: str},                                         # trigger: a QPN again
+}
+_MOMENT_REQUIRED = {"after": ("ns",), "cm_state": (_C, _S, "state"),
+                    "cm_event": (_C, _S, "event"), "cm_msg": ("msg",),
+                    "verb": ("verb", _C, _S), "qpn_reused": (_H,)}
+TRIGGERS = ("verb", "qpn_reused")
+DEFAULT_WITHIN_NS = sec(30)
+
+
+class ScheduleError(ValueError):
+    """A malformed schedule: the message names the step and the field."""
+
+
+@dataclasses.dataclass
+class Schedule:
+    hosts: list[str]
+    steps: list[dict]
+    seed: int = 1
+    personality: Optional[str] = None
+    settle_ns: int = sec(5)
+    meta: dict = dataclasses.field(default_factory=dict)   # what drew it (swarm knobs)
+
+    # -- files
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "schedule") -> "Schedule":
+        if not isinstance(obj, dict):
+            raise ScheduleError(f"{where}: a JSON object expected, got {type(obj).__name__}")
+        if obj.get("rdmalab_schedule") != SCHEMA:
+            raise ScheduleError(f"{where}: \"rdmalab_schedule\": {SCHEMA} expected "
+                                f"(got {obj.get('rdmalab_schedule')!r})")
+        unknown = set(obj) - {"rdmalab_schedule", "hosts", "steps", "seed", "personality",
+                              "settle_ns", "meta"}
+        if unknown:
+            raise ScheduleError(f"{where}: unknown key(s) {sorted(unknown)}")
+        hosts, steps = obj.get("hosts"), obj.get("steps")
+        if not isinstance(hosts, list) or not hosts or not all(
+                isinstance(h, str) and h for h in hosts) or len(set(hosts)) != len(hosts):
+            raise ScheduleError(f"{where}: \"hosts\": a list of distinct host names")
+        if not isinstance(steps, list):
+            raise ScheduleError(f"{where}: \"steps\": a list of step objects")
+        s = cls(hosts=list(hosts), steps=copy.deepcopy(steps),
+                seed=_int(obj.get("seed", 1), f"{where}: seed"),
+                personality=obj.get("personality"),
+                settle_ns=_int(obj.get("settle_ns", sec(5)), f"{where}: settle_ns"),
+                meta=dict(obj.get("meta") or {}))
+        s.validate(where)
+        return s
+
+    @classmethod
+    def load(cls, path) -> "Schedule":
+        path = pathlib.Path(path)
+        try:
+            obj = json.loads(path.read_text())
+        except OSError as e:
+            raise ScheduleError(f"{path}: cannot read: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ScheduleError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
+        return cls.from_json(obj, str(path))
+
+    def to_json(self) -> dict:
+        out = {"rdmalab_schedule": SCHEMA, "hosts": self.hosts, "seed": self.seed}
+        if self.personality:
+            out["personality"] = self.personality
+        out["settle_ns"] = self.settle_ns
+        if self.meta:
+            out["meta"] = self.meta
+        out["steps"] = self.steps
+        return out
+
+    def dump(self, path) -> pathlib.Path:
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = ",\n    ".join(json.dumps(s, sort_keys=True) for s in self.steps)
+        head = json.dumps({k: v for k, v in self.to_json().items() if k != "steps"},
+                          sort_keys=True)[:-1]
+        path.write_text(f"{head}, \"steps\": [\n    {lines}]}}\n")
+        return path
+
+    def with_steps(self, steps: list[dict]) -> "Schedule":
+        return dataclasses.replace(self, steps=steps)
+
+    # -- validation
+    def validate(self, where: str = "schedule") -> None:
+        conns: set[str] = set()
+        rules: set[str] = set()
+        for i, step in enumerate(self.steps):
+            at = f"{where}: step {i}"
+            if not isinstance(step, dict):
+                raise ScheduleError(f"{at}: a JSON object expected")
+            op = step.get("op")
+            if op not in OPS:
+                raise ScheduleError(f"{at}: op {op!r} unknown; allowed: {', '.join(OPS)}")
+            _fields(step, OPS[op], _REQUIRED[op], f"{at} ({op})", extra=("op", "at"))
+            self._check_refs(step, conns, f"{at} ({op})")
+            if op == "connect":
+                if step["conn"] in conns:
+                    raise ScheduleError(f"{at} (connect): conn {step['conn']!r} made twice")
+                conns.add(step["conn"])
+            elif op == "rule":
+                rules.add(step["name"])
+            elif op == "unrule" and step["name"] not in rules:
+                raise ScheduleError(f"{at} (unrule): no rule named {step['name']!r} before")
+            if "at" in step:
+                self._check_moment(step["at"], conns, f"{at} ({op}) at")
+
+    def _check_refs(self, step: dict, conns: set, at: str) -> None:
+        for key in ("host", "client", "server"):
+            if key in step and step[key] not in self.hosts:
+                raise ScheduleError(f"{at}: {key} {step[key]!r} is not one of the schedule's "
+                                    f"hosts {self.hosts}")
+        if step["op"] == "connect" and step["client"] == step["server"]:
+            raise ScheduleError(f"{at}: client and server are the same host")
+        if "conn" in step and step["op"] != "connect" and step["conn"] not in conns:
+            raise ScheduleError(f"{at}: conn {step['conn']!r} is not made by an earlier "
+                                "connect step")
+        if "side" in step and step["side"] not in SIDES:
+            raise ScheduleError(f"{at}: side {step['side']!r}: client or server")
+        if step.get("opcode", "SEND") not in OPCODES:
+            raise ScheduleError(f"{at}: opcode {step['opcode']!r}: {', '.join(OPCODES)}")
+        if step.get("event", "QP_FATAL") not in ASYNC_EVENTS:
+            raise ScheduleError(f"{at}: event {step['event']!r}: {', '.join(ASYNC_EVENTS)}")
+        for key in ("n", "ns", "down_ns", "driver_delay_ns"):
+            if key in step and step[key] < 0:
+                raise ScheduleError(f"{at}: {key} must be >= 0")
+
+    def _check_moment(self, at_obj: Any, conns: set, at: str) -> None:
+        if not isinstance(at_obj, dict) or at_obj.get("moment") not in MOMENTS:
+            raise ScheduleError(f"{at}: {{\"moment\": ...}} with one of "
+                                f"{', '.join(MOMENTS)}")
+        m = at_obj["moment"]
+        _fields(at_obj, MOMENTS[m], _MOMENT_REQUIRED[m], f"{at} {m}", extra=("moment",))
+        if "conn" in at_obj and at_obj["conn"] not in conns:
+            raise ScheduleError(f"{at} {m}: conn {at_obj['conn']!r} is not made by an "
+                                "earlier connect step")
+        if "side" in at_obj and at_obj["side"] not in SIDES:
+            raise ScheduleError(f"{at} {m}: side {at_obj['side']!r}: client or server")
+        if m == "cm_msg" and at_obj["msg"] not in CM_MESSAGES:
+            raise ScheduleError(f"{at} cm_msg: msg {at_obj['msg']!r}: "
+                                f"{', '.join(CM_MESSAGES)}")
+        for key in ("host", "src_host"):
+            if key in at_obj and at_obj[key] not in self.hosts:
+                raise ScheduleError(f"{at} {m}: {key} {at_obj[key]!r} is not a schedule host")
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ScheduleError(f"{what}: an integer expected, got {v!r}")
+    return v
+
+
+def _fields(obj: dict, types: dict, required: tuple, at: str, extra: tuple) -> None:
+    unknown = set(obj) - set(types) - set(extra)
+    if unknown:
+        raise ScheduleError(f"{at}: unknown field(s) {sorted(unknown)}; allowed: "
+                            f"{', '.join(types)}")
+    for key in required:
+        if key not in obj:
+            raise ScheduleError(f"{at}: field {key!r} missing")
+    for key, want in types.items():
+        if key in obj and (not isinstance(obj[key], want) or
+                           (want is int and isinstance(obj[key], bool))):
+            raise ScheduleError(f"{at}: {key}={obj[key]!r}: {want.__name__} expected")
+
+
+def load(path) -> Schedule:
+    return Schedule.load(path)
+
+
+# The runner lives in rdmalab.schedule_run (it needs the lab API; this module is pure data).
+def run(lab, schedule: Schedule, **kw):
+    from .schedule_run import Runner
+    return Runner(lab, schedule, **kw).run()
+
+
+__all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError",
+           "load", "run", "Error", "FaultNotSupported", "Hung"]

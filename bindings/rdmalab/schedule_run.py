@@ -1,0 +1,482 @@
+"""Runs a Schedule (rdmalab.schedule) on a lab through the Lab protocol only, records what each
+step did in the history (`schedule_step`, `schedule_bind`, `schedule_moment`, `hung`,
+`teardown`), tears everything down and returns an Outcome. Expected failures (a post on a dead
+QP, a connection a fault kept from forming) are step results, not exceptions; a wait that must
+end and does not (a destroy, a drain, a connection that never reaches an outcome) is `hung`
+with the lab's diagnostic dump, and the rest of the schedule is skipped.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from . import sec
+from .errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
+from .protocol import CM_PROTOCOL_STATE
+from .schedule import (DEFAULT_WITHIN_NS, DESTROY_NS, OUTCOME_NS, TRIGGERS, Schedule,
+                       ScheduleError)
+
+# rdma_cm events that end a connect attempt (rdma_cm(7)).
+_CONNECT_ENDS = ("ESTABLISHED", "REJECTED", "UNREACHABLE", "CONNECT_ERROR", "DEVICE_REMOVAL",
+                 "ADDR_ERROR", "ROUTE_ERROR", "DISCONNECTED")
+_BASE_PORT = 18000
+
+
+@dataclasses.dataclass
+class Side:
+    conn: str
+    role: str            # client | server
+    host: str
+    process: str
+    cm_id: Any = None
+    player: Any = None   # resources.CmSide once established
+    closed: bool = False
+
+
+@dataclasses.dataclass
+class Conn:
+    name: str
+    client: Side
+    server: Side
+    port: int
+    listener: Any = None
+    state: str = "connecting"   # connecting | established | failed
+    extra: list = dataclasses.field(default_factory=list)  # requests accepted before the last
+
+
+@dataclasses.dataclass
+class Outcome:
+    schedule: Schedule
+    results: list[dict]
+    hung: Optional[str] = None
+    history: list = dataclasses.field(default_factory=list)
+    error: Optional[str] = None     # an exception the runner did not expect (a harness bug)
+
+
+class Runner:
+    def __init__(self, lab, schedule: Schedule, *, outcome_ns: int = OUTCOME_NS,
+                 destroy_ns: int = DESTROY_NS, settle_ns: Optional[int] = None):
+        missing = [h for h in schedule.hosts if h not in lab.hosts]
+        if missing:
+            raise ScheduleError(f"schedule hosts {missing} are not in the lab (it has "
+                                f"{sorted(lab.hosts)})")
+        self.lab, self.s = lab, schedule
+        self.outcome_ns, self.destroy_ns = outcome_ns, destroy_ns
+        self.settle_ns = schedule.settle_ns if settle_ns is None else settle_ns
+        self.results: list[dict] = []
+        self.hung: Optional[str] = None
+        self.conns: dict[str, Conn] = {}
+        self.rules: dict[str, Any] = {}
+        self.procs: dict[tuple, Any] = {}      # (host, name) -> the live process
+        self.every_proc: list[tuple] = []      # every process made, killed ones too
+        self.next_wr = 1                       # wr_ids unique in the run (one ledger a host)
+        self.channels: dict[tuple, Any] = {}
+        self.killable = {(st["host"], st["process"]) for st in schedule.steps
+                         if st["op"] == "kill"}
+        self.qpns: dict[str, set] = {}
+        self.triggers: list[tuple[int, dict, dict]] = []   # (i, step, moment) armed
+        self.msg_watch: dict[tuple, Any] = {}
+        self.port = _BASE_PORT
+        self._reused: dict[str, bool] = {}   # host -> a QPN was handed out again
+
+    # -- the run
+    def run(self) -> Outcome:
+        self.lab.record("schedule_start", object="schedule", steps=len(self.s.steps),
+                        seed=self.s.seed, hosts=self.s.hosts)
+        self._watch_cm_messages()
+        for i, step in enumerate(self.s.steps):
+            if self.hung:
+                self._result(i, step, "skipped", detail="after a hung wait")
+                continue
+            moment = step.get("at")
+            if moment and moment["moment"] in TRIGGERS:
+                self._arm(i, step, moment)
+                continue
+            if moment and not self._wait_moment(i, moment):
+                self._result(i, step, "skipped", detail="moment never came")
+                continue
+            self._step(i, step)
+        for i, step, moment in self.triggers:
+            self._result(i, step, "skipped", detail=f"moment {moment['moment']} never came")
+        self.triggers.clear()
+        self._teardown()
+        return Outcome(self.s, self.results, self.hung)
+
+    def _step(self, i: int, step: dict) -> None:
+        op = step["op"]
+        try:
+            detail = getattr(self, "_op_" + op)(step)
+            self._result(i, step, "ok", detail=detail or "")
+        except (Hung, DeadlineExceeded) as e:
+            self._hang(i, step, e)
+        except FaultNotSupported as e:
+            self._result(i, step, "unsupported", detail=e.detail)
+        except HostLost:
+            raise
+        except Error as e:
+            self._result(i, step, "error", errno=getattr(e, "errno_name", ""),
+                         detail=str(e)[:300])
+        except ValueError as e:  # a rule the lab's parser refused: the schedule is wrong
+            raise ScheduleError(f"step {i} ({op}): {e}") from None
+        self._fire_qpn_triggers()
+
+    def _result(self, i: int, step: dict, result: str, **data) -> None:
+        rec = {"i": i, "op": step["op"], "result": result, **data}
+        self.results.append(rec)
+        self.lab.record("schedule_step", object="schedule", **rec)
+
+    def _hang(self, i: int, step: dict, e: Exception) -> None:
+        what = f"step {i} ({step['op']}): {getattr(e, 'what', None) or getattr(e, 'detail', '')}"
+        self.hung = what
+        self._result(i, step, "hung", detail=what[:300])
+        self.lab.record("hung", object="schedule", what=what, dump=str(e)[:4000])
+
+    # -- moments
+    def _watch_cm_messages(self) -> None:
+        """cm_msg moments count from the start: a watch rule per (msg, src_host) up front."""
+        for step in self.s.steps:
+            m = step.get("at")
+            if m and m["moment"] == "cm_msg":
+                key = (m["msg"], m.get("src_host"))
+                if key not in self.msg_watch:
+                    spec = {"action": "watch", "cm": m["msg"]}
+                    if m.get("src_host"):
+                        spec["src_host"] = m["src_host"]
+                    try:
+                        self.msg_watch[key] = self.lab.faults.rule(spec)
+                    except FaultNotSupported:
+                        self.msg_watch[key] = None
+
+    def _wait_moment(self, i: int, m: dict) -> bool:
+        kind = m["moment"]
+        within = m.get("within_ns", DEFAULT_WITHIN_NS)
+        if kind == "after":
+            self.lab.sleep(m["ns"])
+            return True
+        pred, approx = self._moment_pred(m)
+        if pred is None:  # the lab cannot see it: take it now, and say so
+            self.lab.record("schedule_moment", object="schedule", i=i, moment=kind,
+                            approx=approx)
+            return True
+        try:
+            self.lab.wait_until(pred, within, f"step {i}: moment {kind}")
+        except (Hung, DeadlineExceeded):
+            self.lab.record("schedule_moment", object="schedule", i=i, moment=kind,
+                            missed=True)
+            return False
+        self.lab.record("schedule_moment", object="schedule", i=i, moment=kind)
+        return True
+
+    def _moment_pred(self, m: dict) -> tuple[Optional[Callable], str]:
+        kind = m["moment"]
+        if kind == "cm_msg":
+            rule = self.msg_watch.get((m["msg"], m.get("src_host")))
+            if rule is None:
+                return None, "no wire watch on this lab: taken at once"
+            n = m.get("n", 1)
+            return (lambda: rule.hits >= n), ""
+        side = self._side(m)
+        if side.cm_id is None:
+            return None, "the id does not exist: taken at once"
+        cm_id = side.cm_id
+        if kind == "cm_event":
+            return (lambda: cm_id.count(m["event"]) > 0), ""
+        if not self.lab.has(CM_PROTOCOL_STATE):
+            return None, "the lab cannot read CM protocol states: taken at once"
+        state = m["state"]
+        return (lambda: _protocol_state(cm_id) == state), ""
+
+    def _arm(self, i: int, step: dict, m: dict) -> None:
+        if m["moment"] == "verb":
+            side, verb, fired = self._side(m), m["verb"], []
+
+            def at_verb(call):
+                if fired or side.player is None and side.cm_id is None:
+                    return
+                qp = getattr(side.player, "qp", None) or getattr(side.cm_id, "qp", None)
+                if qp is None or call.qp_num != qp.qp_num or call.host != side.host:
+                    return
+                fired.append(True)
+                self.triggers[:] = [t for t in self.triggers if t[0] != i]
+                self.lab.record("schedule_moment", object="schedule", i=i, moment="verb",
+                                verb=verb)
+                self._step(i, step)
+            try:
+                self.lab.faults.on_verb(at_verb, verb=verb)
+            except FaultNotSupported as e:
+                self._result(i, step, "unsupported", detail=f"moment verb: {e.detail}")
+                return
+        self.triggers.append((i, step, m))
+
+    def _fire_qpn_triggers(self) -> None:
+        for i, step, m in list(self.triggers):
+            if m["moment"] == "qpn_reused" and self._reused.get(m["host"]):
+                self.triggers.remove((i, step, m))
+                self._reused[m["host"]] = False
+                self.lab.record("schedule_moment", object="schedule", i=i, moment="qpn_reused")
+                self._step(i, step)
+
+    # -- the ops
+    def _op_connect(self, st: dict) -> str:
+        c = Conn(st["conn"], Side(st["conn"], "client", st["client"],
+                                  st.get("client_process", "p0")),
+                 Side(st["conn"], "server", st["server"], st.get("server_process", "p0")),
+                 self.port)
+        self.port += 1
+        self.conns[c.name] = c
+        srv_ch, cli_ch = self._channel(c.server), self._channel(c.client)
+        c.listener = srv_ch.listen(c.port)
+        c.client.cm_id = cli_ch.connect(c.server.host, c.port, timeout_ns=self.outcome_ns)
+        self._bind(c.client)
+        self._serve(c)
+        if c.server.cm_id is None:
+            c.state = "failed"
+            return "no CONNECT_REQUEST: " + self._last_event(c.client)
+        self.lab.wait_until(lambda: self._ended(c.server), self.outcome_ns,
+                            f"connect {c.name}: the server side's outcome")
+        if c.client.cm_id.count("ESTABLISHED") and c.server.cm_id.count("ESTABLISHED"):
+            from .resources import CmSide
+            for side in (c.client, c.server):
+                side.player = CmSide(self.lab, side.cm_id)
+            c.state = "established"
+            return "established"
+        c.state = "failed"
+        return f"client {self._last_event(c.client)}, server {self._last_event(c.server)}"
+
+    def _serve(self, c: Conn) -> None:
+        """The server application: accepts every CONNECT_REQUEST on the listener until the
+        client's attempt has an outcome (a REQ retried after a stale REJ is a new request);
+        the last one accepted is the connection's server side."""
+        listener, taken = c.listener, 0
+        while True:
+            self.lab.wait_until(lambda: listener.count("CONNECT_REQUEST") > taken or
+                                self._ended(c.client), self.outcome_ns,
+                                f"connect {c.name}: a CONNECT_REQUEST or the client's outcome")
+            if listener.count("CONNECT_REQUEST") <= taken:
+                return
+            req = listener.wait_request(sec(1))
+            taken += 1
+            if c.server.cm_id is not None:
+                c.extra.append(c.server.cm_id)
+            c.server.cm_id = req
+            req.accept()
+            self._bind(c.server)
+
+    @staticmethod
+    def _ended(side: Side) -> bool:
+        return any(r.name in _CONNECT_ENDS for r in side.cm_id.events)
+
+    @staticmethod
+    def _last_event(side: Side) -> str:
+        events = side.cm_id.events if side.cm_id is not None else []
+        return events[-1].name if events else "no event"
+
+    def _op_recv(self, st: dict) -> str:
+        p = self._player(st)
+        for _ in range(st.get("n", 1)):
+            p.post_recv(wr_id=self._wr(st))
+        return ""
+
+    def _op_post(self, st: dict) -> str:
+        p, opcode = self._player(st), st.get("opcode", "SEND")
+        peer = self.conns[st["conn"]].server if st["side"] == "client" else \
+            self.conns[st["conn"]].client
+        for _ in range(st.get("n", 1)):
+            kw = {"signaled": st["signaled"]} if "signaled" in st else {}
+            p.post_send(opcode=opcode, wr_id=self._wr(st),
+                        peer=peer.player if opcode != "SEND" else None, **kw)
+        return ""
+
+    def _op_disconnect(self, st: dict) -> str:
+        self._cm_id(st).disconnect()
+        return ""
+
+    def _op_drain(self, st: dict) -> str:
+        r = self._player(st).drain(self.destroy_ns)
+        if not r.complete:
+            raise Hung(f"drain of {st['conn']} {st['side']}", f"drain did not complete: "
+                       f"{r.detail}\n{self.lab.dump_state()}", "drain")
+        return f"{r.method}: {r.succeeded} succeeded, {r.flushed} flushed, {r.errored} errored"
+
+    def _op_destroy(self, st: dict) -> str:
+        side = self._sideof(st)
+        self._close(side)
+        return ""
+
+    def _op_async_event(self, st: dict) -> str:
+        side = self._sideof(st)
+        qp = side.player.qp if side.player is not None else getattr(side.cm_id, "qp", None)
+        if qp is None:
+            raise Error(f"async_event: {st['conn']} {st['side']} has no QP")
+        self.lab.faults.inject_async_event(side.host, st["event"], qp.qp_num,
+                                           st.get("driver_delay_ns", 0))
+        return ""
+
+    def _op_kill(self, st: dict) -> str:
+        proc = self.procs.pop((st["host"], st["process"]), None)
+        if proc is None:
+            return "no such process yet"
+        proc.kill()  # a later connect in that name starts the application again
+        for side in self._sides():
+            if (side.host, side.process) == (st["host"], st["process"]):
+                side.closed = True
+        self.channels.pop((st["host"], st["process"]), None)
+        return ""
+
+    def _op_reboot(self, st: dict) -> str:
+        self.lab.faults.reboot(st["host"], st["down_ns"])
+        for key in [k for k in self.procs if k[0] == st["host"]]:
+            self.procs.pop(key)
+            self.channels.pop(key, None)
+        for side in self._sides():
+            if side.host == st["host"]:
+                side.closed = True
+        return ""
+
+    def _op_port_down(self, st: dict) -> str:
+        self.lab.faults.port_down(st["host"])
+        return ""
+
+    def _op_port_up(self, st: dict) -> str:
+        self.lab.faults.port_up(st["host"])
+        return ""
+
+    def _op_rule(self, st: dict) -> str:
+        self.rules[st["name"]] = self.lab.faults.rule(dict(st["rule"]))
+        return ""
+
+    def _op_unrule(self, st: dict) -> str:
+        rule = self.rules.pop(st["name"], None)
+        if rule is not None:
+            self.lab.faults.remove(rule)
+        return ""
+
+    def _op_wait(self, st: dict) -> str:
+        self.lab.sleep(st["ns"])
+        return ""
+
+    # -- objects
+    def _process(self, host: str, name: str):
+        key = (host, name)
+        if key not in self.procs:
+            self.procs[key] = (self.lab.killable_process(host, name) if key in self.killable
+                               else self.lab.host(host).process(name))
+            self.every_proc.append((host, name, self.procs[key]))
+        return self.procs[key]
+
+    def _channel(self, side: Side):
+        key = (side.host, side.process)
+        if key not in self.channels:
+            self.channels[key] = self._process(*key).event_channel()
+        return self.channels[key]
+
+    def _bind(self, side: Side) -> None:
+        cm_id = side.cm_id
+        qp = getattr(cm_id, "qp", None)
+        qpn = qp.qp_num if qp is not None else 0
+        seen = self.qpns.setdefault(side.host, set())
+        if qpn and qpn in seen:
+            self._reused[side.host] = True
+        seen.add(qpn)
+        self.lab.record("schedule_bind", object="schedule", host=side.host, conn=side.conn,
+                        side=side.role, process=side.process, cm_id=cm_id.label, qp_num=qpn)
+
+    def _sides(self):
+        for c in self.conns.values():
+            yield c.client
+            yield c.server
+
+    def _side(self, ref: dict) -> Side:
+        c = self.conns.get(ref["conn"])
+        if c is None:
+            raise Error(f"{ref['conn']}: not connected yet")
+        return c.client if ref["side"] == "client" else c.server
+
+    def _sideof(self, st: dict) -> Side:
+        side = self._side(st)
+        if side.closed:
+            raise Error(f"{st['conn']} {st['side']}: already destroyed or dead")
+        return side
+
+    def _player(self, st: dict):
+        side = self._sideof(st)
+        if side.player is None:
+            raise Error(f"{st['conn']} {st['side']}: not established")
+        return side.player
+
+    def _cm_id(self, st: dict):
+        side = self._sideof(st)
+        if side.cm_id is None:
+            raise Error(f"{st['conn']} {st['side']}: no cm_id")
+        return side.cm_id
+
+    def _wr(self, st: dict) -> int:
+        n = self.next_wr
+        self.next_wr += 1
+        return n
+
+    def _close(self, side: Side) -> None:
+        if side.closed:
+            return
+        try:  # closed only once it is: a moment inside the destroy still sees a live side
+            if side.player is not None:
+                side.player.close(self.destroy_ns)
+            elif side.cm_id is not None and not side.cm_id.destroyed:
+                side.cm_id.destroy(self.destroy_ns)
+        finally:
+            side.closed = True
+
+    # -- the end
+    def _teardown(self) -> None:
+        """Every id destroyed, every channel closed, the protocol's timers let run out; then
+        what the kernel still holds for each live process (the leftovers checker)."""
+        try:
+            if not self.hung:
+                self.lab.sleep(self.settle_ns)
+            for side in self._sides():
+                try:
+                    self._close(side)
+                except (Hung, DeadlineExceeded) as e:
+                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
+                    break
+                except Error:
+                    pass
+            for c in self.conns.values():
+                for cm_id in c.extra:
+                    if not cm_id.destroyed:
+                        try:
+                            cm_id.destroy(self.destroy_ns)
+                        except Error:
+                            pass
+                if c.listener is not None and not c.listener.destroyed:
+                    try:
+                        c.listener.destroy(self.destroy_ns)
+                    except Error:
+                        pass
+            for key, ch in list(self.channels.items()):
+                try:
+                    ch.close(self.destroy_ns)
+                except (Hung, DeadlineExceeded) as e:
+                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
+                except Error:
+                    pass
+            objects = {}
+            for host, name, proc in self.every_proc:
+                try:
+                    held = {k: v for k, v in proc.kernel_objects().items() if v}
+                except Error:
+                    continue  # dead: the kernel's cleanup is not this checker's question
+                key = f"{host}/{name}"
+                while key in objects:  # the same name started again after a kill
+                    key += "'"
+                objects[key] = held
+            self.lab.record("teardown", object="lab", objects=objects)
+        except HostLost:
+            raise
+
+
+def _protocol_state(cm_id) -> str:
+    try:
+        return cm_id.protocol_state
+    except Error:
+        return ""

@@ -1,0 +1,38 @@
+"""The scenario `rdmalab replay` and `rdmalab swarm --lab <device>` run through pytest: each
+schedule listed in $RDMALAB_SCHEDULES on the lab the plugin gives, its checked outcome and
+history written to $RDMALAB_SCHEDULE_OUT/<lab>/<schedule>.json. The test fails when a checker
+says invalid (the device broke a rule the checkers state), not when it differs from the model:
+that comparison is the CLI's, after the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from rdmalab.schedule import Schedule
+from rdmalab.swarm import check_run
+
+
+def _schedules() -> list[pathlib.Path]:
+    listing = os.environ.get("RDMALAB_SCHEDULES")
+    if not listing:
+        return []
+    return [pathlib.Path(line) for line in pathlib.Path(listing).read_text().splitlines()
+            if line.strip()]
+
+
+@pytest.mark.parametrize("path", _schedules(), ids=lambda p: p.stem)
+def test_schedule(lab, lab_spec, path):
+    schedule = Schedule.load(path)
+    lab.fresh_hosts(*schedule.hosts)
+    r = check_run(lab, schedule, lab.description or "", keep_history=True)
+    column = lab_spec.option.replace(":", "-")   # the CLI's --lab, as it reads it back
+    out = pathlib.Path(os.environ["RDMALAB_SCHEDULE_OUT"]) / column
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{path.stem}.json").write_text(json.dumps(
+        {"schedule": str(path), "lab": column, "signature": list(r.signature),
+         "problems": r.problems, "results": r.results, "history": r.history}) + "\n")
+    assert not r.failed, "\n".join(r.problems[:20])

@@ -1,0 +1,106 @@
+"""Shrinking a failing schedule (delta debugging, as QuickCheck and Jepsen do): take steps
+away while the schedule still fails the same way (the same checkers say invalid), then make
+what is left simpler (counts to 1, moments dropped, rule rates to 1). A connection goes with
+every step that names it. The result is the smallest schedule found, not a minimum.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+from .schedule import Schedule, ScheduleError
+
+Fails = Callable[[Schedule], bool]
+
+
+def shrink(schedule: Schedule, fails: Fails, max_runs: int = 400) -> tuple[Schedule, int]:
+    """The smallest schedule found for which fails() holds, and how many runs it took."""
+    runs = [0]
+
+    def still(s: Schedule) -> bool:
+        if runs[0] >= max_runs:
+            return False
+        try:
+            s.validate()
+        except ScheduleError:
+            return False
+        runs[0] += 1
+        return fails(s)
+
+    best = schedule
+    progress = True
+    while progress and runs[0] < max_runs:
+        progress = False
+        for cut in (_drop_conns, _drop_chunks, _simplify):
+            smaller = cut(best, still)
+            if smaller is not None:
+                best, progress = smaller, True
+    return best, runs[0]
+
+
+def _drop_conns(s: Schedule, still) -> Schedule | None:
+    """Each connection with every step that names it."""
+    for conn in [st["conn"] for st in s.steps if st["op"] == "connect"]:
+        steps = [st for st in s.steps if not _names(st, conn)]
+        cand = s.with_steps(steps)
+        if still(cand):
+            return cand
+    return None
+
+
+def _names(step: dict, conn: str) -> bool:
+    return step.get("conn") == conn or (step.get("at") or {}).get("conn") == conn
+
+
+def _drop_chunks(s: Schedule, still) -> Schedule | None:
+    """ddmin's complement step: halves, quarters, ... down to single steps."""
+    n = len(s.steps)
+    size = max(1, n // 2)
+    changed = None
+    while size >= 1:
+        i = 0
+        while i < len(s.steps):
+            steps = s.steps[:i] + s.steps[i + size:]
+            cand = s.with_steps(steps)
+            if steps != s.steps and still(cand):
+                s, changed = cand, cand
+            else:
+                i += size
+        size //= 2
+    return changed
+
+
+def _simplify(s: Schedule, still) -> Schedule | None:
+    changed = None
+    for i in range(len(s.steps)):
+        for edit in (_one, _no_moment, _certain):
+            step = edit(s.steps[i])
+            if step is None:
+                continue
+            steps = list(s.steps)
+            steps[i] = step
+            cand = s.with_steps(steps)
+            if still(cand):
+                s, changed = cand, cand
+    return changed
+
+
+def _one(step: dict):
+    if step.get("n", 1) > 1:
+        return {**step, "n": 1}
+    return None
+
+
+def _no_moment(step: dict):
+    if "at" in step:
+        return {k: v for k, v in step.items() if k != "at"}
+    return None
+
+
+def _certain(step: dict):
+    rule = step.get("rule")
+    if rule and rule.get("probability", 1) != 1:
+        new = copy.deepcopy(step)
+        new["rule"].pop("probability")
+        return new
+    return None

@@ -1,0 +1,278 @@
+"""python3 -m rdmalab swarm --lab LAB [--seeds N | --minutes M] [--first-seed S] [--steps 30]
+                            [--workers 2] [--out DIR] [--mutation NAME] [--no-shrink]
+python3 -m rdmalab replay FILE --lab LAB [--lab LAB ...] [--out DIR] [--mutation NAME]
+
+swarm --lab model[:p1,p2]: seeds on the model (every personality in turn when none is named),
+each checked by every history checker; a failing seed is written as DIR/fail-<p>-<seed>.json
+with its replay command, then shrunk to DIR/fail-<p>-<seed>.shrunk.json.
+swarm --lab vm:rxe (vm:siw, netns:rxe, inventory:PATH): the same seeds' schedules run on the
+device through pytest, the model twin's run is the oracle, and each divergence is written as
+a candidate finding in DIR/candidates/.
+
+replay: one schedule on each lab. Model labs run in this process with the schedule's seed;
+device labs through pytest and the rdmalab plugin (the same lab set-up as `rdmalab run`). With
+a model lab and a device lab it prints where their outcomes differ.
+
+Exit status: 0 all valid and no divergence, 1 a failure or a divergence, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from .agreement import TWIN
+from .schedule import Schedule, ScheduleError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCENARIO = pathlib.Path(__file__).resolve().parent / "schedule_scenario.py"
+
+
+def parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python3 -m rdmalab {command}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if command == "replay":
+        p.add_argument("file", help="a schedule (JSON)")
+    p.add_argument("--lab", action="append", required=True,
+                   help="model, model:roce[,ib,...], vm:rxe, vm:siw, netns:rxe, inventory:PATH")
+    p.add_argument("--out", default=f"out/{command}", help=f"output folder (out/{command})")
+    p.add_argument("--mutation", action="append", default=[],
+                   help="run the model with this planted defect (rdmalab.MUTATIONS)")
+    p.add_argument("--vm-hosts", type=int, default=2, help="hosts of a device lab (2)")
+    p.add_argument("--kernel", default=None, help="the VM lab's guest kernel (--kernel of run)")
+    if command == "swarm":
+        p.add_argument("--seeds", type=int, default=None, help="how many seeds")
+        p.add_argument("--minutes", type=float, default=None, help="or for how long")
+        p.add_argument("--first-seed", type=int, default=1)
+        p.add_argument("--steps", type=int, default=30, help="steps per schedule (30)")
+        p.add_argument("--workers", type=int, default=2, help="processes (2)")
+        p.add_argument("--no-shrink", action="store_true")
+        p.add_argument("--stop-at-first", action="store_true")
+    return p
+
+
+def model_personalities(lab: str) -> Optional[list[str]]:
+    """model -> every personality, model:a,b -> those; None for a device lab."""
+    kind, _, rest = lab.partition(":")
+    if kind != "model":
+        return None
+    from .lab import personalities
+    every = personalities()
+    chosen = rest.split(",") if rest else every
+    bad = [p for p in chosen if p not in every]
+    if bad:
+        raise ScheduleError(f"--lab {lab}: unknown personality {bad}; known: {', '.join(every)}")
+    return chosen
+
+
+def twin(lab: str) -> str:
+    device = (lab.partition(":")[2] or "rxe").split(",")[0]
+    return TWIN.get(device, "roce")
+
+
+# ---- swarm -----------------------------------------------------------------------------------
+
+def swarm(args) -> int:
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.seeds is None and args.minutes is None:
+        args.seeds = 1000
+    labs_model = [(lab, model_personalities(lab)) for lab in args.lab]
+    rc = 0
+    for lab, pers in labs_model:
+        if pers is None:
+            rc = max(rc, swarm_device(args, lab, out))
+        else:
+            rc = max(rc, swarm_model(args, pers, out))
+    return rc
+
+
+def swarm_model(args, pers: list[str], out: pathlib.Path) -> int:
+    from . import swarm as sw
+    deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
+    t0, counts = time.monotonic(), {}
+    failures: list = []
+
+    def seen(r) -> None:
+        counts[r.personality] = counts.get(r.personality, 0) + 1
+        if r.failed:
+            failures.append(r)
+            print(f"seed {r.seed} ({r.personality}) FAILED: {', '.join(r.signature)}: "
+                  f"{r.problems[0] if r.problems else ''}", flush=True)
+
+    done, _ = sw.run_seeds(pers, first=args.first_seed, count=args.seeds, deadline=deadline,
+                           steps=args.steps, workers=args.workers,
+                           mutations=tuple(args.mutation), stop_at_first=args.stop_at_first,
+                           on_result=seen)
+    wall = time.monotonic() - t0
+    for r in failures[:10]:
+        report_failure(args, r, out)
+    summary = {"seeds": done, "wall_s": round(wall, 2),
+               "seeds_per_minute": round(done / wall * 60, 1) if wall else None,
+               "by_personality": counts, "failures": [f.as_dict() for f in failures],
+               "mutations": args.mutation, "first_seed": args.first_seed,
+               "steps": args.steps}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"swarm: {done} seeds in {wall:.1f} s ({summary['seeds_per_minute']} seeds/min, "
+          f"{args.workers} workers), {len(failures)} failed; "
+          + ", ".join(f"{p} {n}" for p, n in sorted(counts.items())))
+    return 1 if failures else 0
+
+
+def report_failure(args, r, out: pathlib.Path) -> None:
+    from . import shrink, swarm as sw
+    schedule = sw.draw(r.seed, r.personality, args.steps)
+    path = schedule.dump(out / f"fail-{r.personality}-{r.seed}.json")
+    mut = "".join(f" --mutation {m}" for m in args.mutation)
+    print(f"  replay: python3 -m rdmalab replay {path} --lab model:{r.personality}{mut}")
+    if args.no_shrink:
+        return
+    sig = set(r.signature)
+
+    def fails(s: Schedule) -> bool:
+        got = sw.run_on_model(s, r.personality, tuple(args.mutation))
+        return bool(sig & set(got.signature))
+
+    small, runs = shrink.shrink(schedule, fails)
+    spath = small.dump(out / f"fail-{r.personality}-{r.seed}.shrunk.json")
+    print(f"  shrunk to {len(small.steps)} steps in {runs} runs: {spath}")
+    print(f"  replay: python3 -m rdmalab replay {spath} --lab model:{r.personality}{mut}")
+
+
+def swarm_device(args, lab: str, out: pathlib.Path) -> int:
+    """Draws schedules for the device's twin personality, runs each on the model here and on
+    the device through pytest, and writes every divergence as a candidate finding."""
+    from . import swarm as sw
+    count = args.seeds or 5
+    p = twin(lab)
+    sched_dir = out / "schedules"
+    paths = []
+    for seed in range(args.first_seed, args.first_seed + count):
+        s = sw.draw(seed, p, args.steps)
+        s = _fit_hosts(s, args.vm_hosts)
+        paths.append(s.dump(sched_dir / f"{p}-{seed}.json"))
+    return compare(args, lab, paths, out)
+
+
+def _fit_hosts(s: Schedule, n: int) -> Schedule:
+    """A device lab has n hosts: steps on hosts past them are dropped."""
+    keep = set(s.hosts[:n])
+    steps = [st for st in s.steps
+             if all(st.get(k, h) in keep for k, h in (("host", next(iter(keep))),
+                                                      ("client", next(iter(keep))),
+                                                      ("server", next(iter(keep)))))]
+    conns = {st["conn"] for st in steps if st["op"] == "connect"}
+    steps = [st for st in steps if st.get("conn", next(iter(conns), "")) in conns or
+             "conn" not in st]
+    steps = [st for st in steps if (st.get("at") or {}).get("conn", "") in conns | {""}]
+    fitted = Schedule(hosts=s.hosts[:n], steps=steps, seed=s.seed, personality=s.personality,
+                      settle_ns=s.settle_ns, meta=s.meta)
+    fitted.validate()
+    return fitted
+
+
+# ---- replay and differential -----------------------------------------------------------------
+
+def replay(args) -> int:
+    try:
+        schedule = Schedule.load(args.file)
+        labs = [(lab, model_personalities(lab)) for lab in args.lab]
+    except ScheduleError as e:
+        print(f"rdmalab replay: {e}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    devices = [lab for lab, pers in labs if pers is None]
+    rc = 0
+    for lab, pers in labs:
+        if pers is None:
+            continue
+        for p in pers:
+            rc = max(rc, replay_model(schedule, p, args.mutation))
+    if devices:
+        rc = max(rc, compare(args, devices, [pathlib.Path(args.file)], out))
+    return rc
+
+
+def replay_model(schedule: Schedule, p: str, mutations: list[str]) -> int:
+    from . import swarm as sw
+    r = sw.run_on_model(schedule, p, tuple(mutations), keep_history=True)
+    print(f"model:{p}: {len(schedule.steps)} steps, {r.records} records: "
+          + ("FAILED " + ", ".join(r.signature) if r.failed else "every checker valid"))
+    for line in r.problems[:20]:
+        print(f"  {line}")
+    return 1 if r.failed else 0
+
+
+def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path) -> int:
+    """Each schedule on the device labs (pytest) and on the twin model here; prints and writes
+    the differences."""
+    from . import differential, swarm as sw
+    labs = [labs] if isinstance(labs, str) else labs
+    results = out / "device"
+    rc = run_devices(args, labs, paths, results)
+    n_div = 0
+    for lab in labs:
+        col = results / lab.replace(":", "-")
+        for path in paths:
+            s = Schedule.load(path)
+            got = col / f"{path.stem}.json"
+            if not got.exists():
+                print(f"{lab} {path.name}: no result (see {out}/pytest.log)")
+                rc = 1
+                continue
+            dev = json.loads(got.read_text())
+            model = sw.run_on_model(s, twin(lab), tuple(args.mutation), keep_history=True)
+            diffs = differential.differences(differential.outcome(model.history),
+                                             differential.outcome(dev["history"]))
+            state = "FAILED " + ", ".join(dev["signature"]) if dev["signature"] else "valid"
+            print(f"{lab} {path.name}: device {state}; model:{twin(lab)} "
+                  f"{'FAILED ' + ', '.join(model.signature) if model.failed else 'valid'}; "
+                  f"{len(diffs)} difference(s)")
+            for line in diffs[:15]:
+                print(f"  {line}")
+            if diffs:
+                n_div += 1
+                where = differential.write_candidate(out / "candidates", s, lab, diffs,
+                                                     model.history, dev["history"])
+                print(f"  candidate finding: {where}")
+    print(f"differential: {len(paths)} schedule(s) x {len(labs)} lab(s), {n_div} with "
+          "differences")
+    return max(rc, 1 if n_div else 0)
+
+
+def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathlib.Path) -> int:
+    results.mkdir(parents=True, exist_ok=True)
+    listing = results / "schedules.txt"
+    listing.write_text("".join(f"{p.resolve()}\n" for p in paths))
+    env = dict(os.environ, RDMALAB_SCHEDULES=str(listing),
+               RDMALAB_SCHEDULE_OUT=str(results.resolve()))
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO / "bindings"), str(REPO),
+                                                    env.get("PYTHONPATH")) if x)
+    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
+           "-p", "no:cacheprovider", str(SCENARIO), "--vm-hosts", str(args.vm_hosts),
+           "--history-dir", str(results.resolve() / "history"), "-rfEs",
+           *[x for lab in labs for x in ("--lab", lab)]]
+    if args.kernel:
+        cmd += ["--kernel", args.kernel]
+    log = results.parent / "pytest.log"
+    print(f"rdmalab: {len(paths)} schedule(s) on {', '.join(labs)} (log {log})", flush=True)
+    with open(log, "w") as fh:
+        p = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL)
+    tail = log.read_text(errors="replace").splitlines()[-6:]
+    print("\n".join(f"  pytest: {line}" for line in tail))
+    return 0 if p.returncode in (0, 1) else p.returncode
+
+
+def main(command: str, argv: list[str]) -> int:
+    args = parser(command).parse_args(argv)
+    try:
+        return swarm(args) if command == "swarm" else replay(args)
+    except ScheduleError as e:
+        print(f"rdmalab {command}: {e}", file=sys.stderr)
+        return 2
