@@ -3,6 +3,8 @@ them on: model_lab(mutations=...) refuses unknown names, the history says a lab 
 and for each defect a small Python-driven scenario comes out differently on the mutated model
 than on the clean one (so a swarm workload can reach it)."""
 
+import pathlib
+
 import pytest
 
 import rdmalab
@@ -21,6 +23,13 @@ def test_known_mutations_are_the_five_planted_defects():
                                "missing_disconnected", "double_timewait_exit",
                                "destroy_ignores_unacked"]
     assert all(MUTATIONS.values())  # each says what it breaks
+
+
+def test_each_mutation_has_exactly_one_marked_site():
+    core = pathlib.Path(__file__).resolve().parents[2] / "core"
+    text = [p.read_text() for p in core.rglob("*") if p.suffix in (".cc", ".h")]
+    for name in MUTATIONS:
+        assert sum(t.count(f"// MUTATION({name}):") for t in text) == 1, name
 
 
 def test_unknown_mutation_is_refused_with_the_known_names():
