@@ -16,7 +16,7 @@ from . import _core  # noqa: F401  (rdmalab._core: the engine bindings)
 from .cm import CmChannel, CmEvent, CmEventError, CmId
 from .errors import (DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung, WallClockTimeout,
                      make_error)
-from .faults import CM_ATTR_ID, Faults, NoFaults, PacketRule
+from .faults import CM_ATTR_ID, Faults, NoFaults, WireRule
 from .lab import Host, Lab, Process, model_lab, personalities
 from .protocol import (CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME,
                        WIRE_PLACEMENT, LabProtocol)
@@ -31,6 +31,6 @@ __all__ = [
     "DeadlineExceeded", "DeviceCaps", "Error", "FaultNotSupported", "Faults", "Host", "HostLost",
     "Hung",
     "Lab", "MODIFY_KEYWORDS", "Mr", "NS_PER_MS", "NS_PER_SEC", "NS_PER_US", "NoFaults",
-    "PacketRule", "Pd", "Process", "Qp", "Srq", "WC", "WallClockTimeout", "Xrcd", "cm",
+    "Pd", "Process", "Qp", "Srq", "WC", "WallClockTimeout", "WireRule", "Xrcd", "cm",
     "make_error", "model_lab", "ms", "personalities", "resources", "sec", "stack", "unwrap", "us",
 ]

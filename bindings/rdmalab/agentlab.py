@@ -669,6 +669,18 @@ class AgentFaults(NoFaults):
         self._lab.record("fault", object="switch", fault=action, rule=rule, id=rid)
         return handle
 
+    def rule(self, spec: dict) -> SwitchRule:
+        """A wire rule given as the fault switch's JSON object ({"action": "drop", "cm":
+        "DREP", ...}), sent to the switch as is: the model's lab.faults.rule takes the same
+        dict. A bad rule raises ValueError naming the key, checked here by the switch's own
+        parser (the model's add_rule gives the same message)."""
+        if not isinstance(spec, dict):
+            raise TypeError(f"rule: a dict (the switch's JSON rule object), got {spec!r}")
+        from . import _core
+        _core.check_wire_rule(json.dumps(spec))
+        fields = {k: v for k, v in spec.items() if k != "action"}
+        return self._switch_rule(spec["action"], None, fields)
+
     def _where(self, at: Optional[str]) -> str:
         """switch | bridge | host. Default: the fault switch where the path has one, else the
         nftables bridge on the path (the netns lab's), else the sending hosts' nftables."""

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bind.h"
+#include "faults/rules.h"
 #include "rdmalab/model.h"
 #include "verbs/verbs_lab.h"
 
@@ -13,6 +14,14 @@ namespace {
 
 using model::ModelLab;
 using py::arg;
+
+nlohmann::json parse_rule_json(const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw py::value_error(std::string("rule: not JSON: ") + e.what());
+  }
+}
 
 std::string jsonl(const std::vector<HistoryRecord>& records) {
   std::string out;
@@ -114,38 +123,6 @@ void bind_model_structs(py::module_& m) {
       .def_readwrite("fabric", &model::LabOptions::fabric)
       .def_readwrite("mutations", &model::LabOptions::mutations);
 
-  py::class_<model::Packet>(m, "Packet")
-      .def(py::init<>())
-      .def_readwrite("id", &model::Packet::id)
-      .def_readwrite("src_host", &model::Packet::src_host)
-      .def_readwrite("dst_host", &model::Packet::dst_host)
-      .def_readwrite("opcode", &model::Packet::opcode)
-      .def_readwrite("dest_qpn", &model::Packet::dest_qpn)
-      .def_readwrite("src_qpn", &model::Packet::src_qpn)
-      .def_readwrite("psn", &model::Packet::psn)
-      .def_readwrite("length", &model::Packet::length)
-      .def_readwrite("syndrome", &model::Packet::syndrome)
-      .def_readwrite("mad_attr_id", &model::Packet::mad_attr_id)
-      .def("__repr__", [](const model::Packet& p) {
-        return "<Packet " + std::to_string(p.id) + " " + p.src_host + "->" + p.dst_host + " " +
-               p.opcode + " dest_qpn=" + std::to_string(p.dest_qpn) +
-               " psn=" + std::to_string(p.psn) + ">";
-      });
-  py::enum_<model::PacketAction>(m, "PacketAction")
-      .value("DELIVER", model::PacketAction::DELIVER)
-      .value("DROP", model::PacketAction::DROP)
-      .value("DELAY", model::PacketAction::DELAY)
-      .value("DUPLICATE", model::PacketAction::DUPLICATE)
-      .value("REORDER", model::PacketAction::REORDER);
-  py::class_<model::PacketVerdict>(m, "PacketVerdict")
-      .def(py::init<>())
-      .def(py::init([](model::PacketAction a, TimeNs d, TimeNs hold) {
-             return model::PacketVerdict{a, d, hold};
-           }),
-           arg("action"), arg("delay_ns") = 0, arg("hold_ns") = model::PacketVerdict{}.hold_ns)
-      .def_readwrite("action", &model::PacketVerdict::action)
-      .def_readwrite("delay_ns", &model::PacketVerdict::delay_ns)
-      .def_readwrite("hold_ns", &model::PacketVerdict::hold_ns);
   py::class_<model::VerbCall>(m, "VerbCall")
       .def(py::init<>())
       .def_readwrite("host", &model::VerbCall::host)
@@ -171,19 +148,22 @@ void bind_model_lab(py::module_& m) {
           },
           arg("t_ns"), arg("fn"))
       .def(
-          "set_packet_hook",
-          [](const std::shared_ptr<ModelLab>& lab, const py::object& fn) {
-            auto cb = make_callback(fn, "packet hook", lab);
-            model::PacketHook hook;
-            if (cb) {
-              hook = [cb](const model::Packet& p) {
-                return cb->call<model::PacketVerdict>(model::PacketVerdict{}, p);
-              };
-            }
+          "add_rule",
+          [](const std::shared_ptr<ModelLab>& lab, const std::string& rule) {
+            const nlohmann::json spec = parse_rule_json(rule);
             py::gil_scoped_release release;
-            lab->set_packet_hook(std::move(hook));
+            try {
+              return lab->add_rule(spec);
+            } catch (const faults::RuleError& e) {
+              throw py::value_error(e.what());
+            }
           },
-          arg("hook"))
+          arg("rule"), "A wire-fault rule (the fault switch's JSON object); returns its id.")
+      .def("remove_rule", &ModelLab::remove_rule, arg("id"), kRelease)
+      .def("clear_rules", &ModelLab::clear_rules, kRelease)
+      .def(
+          "rules", [](const ModelLab& lab) { return lab.rules().dump(); },
+          "The rules and their counters as JSON: [{id, rule, matched, acted}].")
       .def(
           "set_verb_hook",
           [](const std::shared_ptr<ModelLab>& lab, const py::object& fn) {
@@ -211,6 +191,18 @@ void bind_model_lab(py::module_& m) {
       "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
       arg("options"), kRelease);
   m.def("personalities", &model::personalities);
+  // The fault switch's validation of a wire rule, for a lab that sends its rules to the switch:
+  // the same error as the model's add_rule gives.
+  m.def(
+      "check_wire_rule",
+      [](const std::string& rule) {
+        try {
+          faults::parse_rule(parse_rule_json(rule));
+        } catch (const faults::RuleError& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      arg("rule"));
   // The planted defects (rdmalab/mutation.h) as (name, what it breaks), in table order.
   m.def("mutations", [] {
     std::vector<std::pair<std::string, std::string>> out;

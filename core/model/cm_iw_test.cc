@@ -12,15 +12,12 @@ namespace {
 using namespace testing;
 using E = CmEventType;
 
-PacketHook drop_opcode(const std::string& opcode, int count = -1) {
-  auto left = std::make_shared<int>(count);
-  return [opcode, left](const Packet& p) {
-    if (p.opcode == opcode && *left != 0) {
-      if (*left > 0) --*left;
-      return PacketVerdict{PacketAction::DROP, 0};
-    }
-    return PacketVerdict{};
-  };
+// The wire-fault rule that drops the iWARP CM's segments of this kind (every one, or the first
+// count).
+nlohmann::json drop_opcode(const std::string& opcode, int count = -1) {
+  nlohmann::json rule = {{"action", "drop"}, {"opcode", opcode}};
+  if (count > 0) rule["count"] = count;
+  return rule;
 }
 
 // server (on "a") listens, client connects to it, server accepts: ESTABLISHED on both.
@@ -141,7 +138,7 @@ TEST(IwCm, SiwConnectWithEverySynLostTimesOutAfter127s) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
-  lab->set_packet_hook(drop_opcode("TCP_SYN"));
+  lab->add_rule(drop_opcode("TCP_SYN"));
   TimeNs t0 = 0;
   const int err = err_of([&] {
     client.id = client.ch->create_id();
@@ -186,7 +183,7 @@ TEST(IwCm, NoAnswerIsUnreachable) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
-  lab->set_packet_hook(drop_opcode("MPA_REQUEST"));
+  lab->add_rule(drop_opcode("MPA_REQUEST"));
   client.start_connect("a");
   const TimeNs t0 = lab->runtime().now_ns();
   client.expect(E::UNREACHABLE, -ETIMEDOUT, fires(t0, 60000), 2 * kIwTimeoutNs);
@@ -200,7 +197,7 @@ TEST(IwCm, LostFinEndsInAReset) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   establish(server, client);
-  lab->set_packet_hook(drop_opcode("TCP_FIN", 1));
+  lab->add_rule(drop_opcode("TCP_FIN", 1));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
   client.expect(E::DISCONNECTED, -ETIMEDOUT, fires(t1, 60000), 2 * kIwTimeoutNs);
@@ -216,7 +213,7 @@ TEST(IwCm, SiwLostFinClosesAtOnceAndLeavesThePeerHalfOpen) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   establish(server, client);
-  lab->set_packet_hook(drop_opcode("TCP_FIN"));
+  lab->add_rule(drop_opcode("TCP_FIN"));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
   client.expect(E::DISCONNECTED, 0, t1);
@@ -257,7 +254,7 @@ TEST(IwCm, GracefulCloseWithSqWorkIsError) {
   server.accept_next();
   EXPECT_EQ(client.next().event, E::ESTABLISHED);
   auto cmr = client.id->context()->reg_mr(*client.pd, 4096, ACCESS_LOCAL_WRITE);
-  lab->set_packet_hook(drop_opcode("SEND_ONLY"));  // the SEND is never acknowledged
+  lab->add_rule({{"action", "drop"}, {"rdmap_opcode", "SEND"}});  // the SEND is never acknowledged
   client.id->qp()->post_send(send_wr(1, *cmr));
   lab->run_for(kNsPerMs);
   client.id->disconnect();

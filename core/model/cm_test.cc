@@ -87,7 +87,7 @@ TEST(Cm, EveryDrepDropped) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   connect_pair(server, client, "a");
-  lab->set_packet_hook(drop_mad(0x16));
+  lab->add_rule(drop_mad(0x16));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
   server.expect(E::DISCONNECTED, 0, t1 + kLatency);
@@ -111,7 +111,7 @@ TEST(Cm, TimingKnobsFollowTheFormulas) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
-  lab->set_packet_hook(drop_mad(0x10));  // every REQ lost
+  lab->add_rule(drop_mad(0x10));  // every REQ lost
   CmTiming t;
   t.cm_response_timeout = 18;  // 1024 ms
   t.max_cm_retries = 3;
@@ -157,7 +157,7 @@ TEST(Cm, LostRepIsResentByThePassiveSide) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
-  lab->set_packet_hook(drop_mad(0x13, 1));
+  lab->add_rule(drop_mad(0x13, 1));
   client.start_connect("a");
   const TimeNs t0 = lab->runtime().now_ns();
   CmEvent req = server.next();
@@ -183,7 +183,7 @@ TEST(Cm, LostRtuIsRepairedByADuplicateRep) {
   CmEnd server = CmEnd::on(*lab, "a");
   CmEnd client = CmEnd::on(*lab, "b");
   server.listen();
-  lab->set_packet_hook(drop_mad(0x14, 1));
+  lab->add_rule(drop_mad(0x14, 1));
   client.start_connect("a");
   const TimeNs t0 = lab->runtime().now_ns();
   server.accept_next();
@@ -303,7 +303,7 @@ TEST(Cm, DataBeforeRtuIsUserEstablished) {
   });
   ca.listen(listen, 0x99);
   const uint32_t active = cb.create_id([&](const IbCmEvent& ev) { eb.push_back(ev.type); });
-  lab->set_packet_hook(drop_mad(0x14));  // every RTU lost
+  lab->add_rule(drop_mad(0x14));  // every RTU lost
   IbCmReqParam p;
   p.service_id = 0x99;
   p.dst_host = "a";

@@ -122,15 +122,11 @@ inline TimeNs connect_pair(CmEnd& server, CmEnd& client, const std::string& serv
   return t0;
 }
 
-inline PacketHook drop_mad(uint16_t attr_id, int count = -1) {
-  auto left = std::make_shared<int>(count);
-  return [attr_id, left](const Packet& p) {
-    if (p.opcode == "MAD" && p.mad_attr_id == attr_id && *left != 0) {
-      if (*left > 0) --*left;
-      return PacketVerdict{PacketAction::DROP, 0};
-    }
-    return PacketVerdict{};
-  };
+// The wire-fault rule that drops CM MADs with this attribute ID (every one, or the first count).
+inline nlohmann::json drop_mad(uint16_t attr_id, int count = -1) {
+  nlohmann::json rule = {{"action", "drop"}, {"opcode", "MAD"}, {"mad_attr_id", attr_id}};
+  if (count > 0) rule["count"] = count;
+  return rule;
 }
 
 inline size_t count_records(ModelLab& lab, const std::string& kind, const std::string& key,

@@ -213,6 +213,7 @@ Device* Device::resolve(const AhAttr& ah) const {
 void Device::send(Frame f, const AhAttr& ah) {
   Device* dst = resolve(ah);
   f.pkt.src_host = host;
+  f.pkt.qp_type = f.qp_type;  // the BTH's transport, for the wire-fault rules
   if (dst == nullptr) {
     env.record(host, "fabric", "unroutable",
                {{"opcode", f.pkt.opcode}, {"dest_qpn", f.pkt.dest_qpn}});

@@ -40,56 +40,70 @@ void Fabric::send(Packet pkt, const Arrival& on_arrival) {
       if (const char* why = link_up_(*h)) return lose(pkt, why, drop_fault(why));
     }
   }
-  PacketVerdict verdict;
-  if (hook_) verdict = hook_(pkt);
-  if (verdict.action == PacketAction::DELIVER && env_.runtime.rng().chance_ppm(opts_.loss_ppm)) {
+  const TimeNs now = env_.runtime.now_ns();
+  const std::optional<faults::Decision> d = rules_.decide(pkt, now);
+  if (!d && env_.runtime.rng().chance_ppm(opts_.loss_ppm)) {
     lose(pkt, "loss_ppm", "drop");
     return;
   }
-  const TimeNs now = env_.runtime.now_ns();
   const auto pair = std::make_pair(pkt.src_host, pkt.dst_host);
   // In-order arrival per pair: jitter never overtakes an earlier packet.
   TimeNs arrive = std::max(now + base_latency(), last_arrival_[pair]);
-  switch (verdict.action) {
-    case PacketAction::DROP:
-      lose(pkt, "hook", "drop");
-      return;
-    case PacketAction::DELAY: {
-      nlohmann::json data = packet_json(pkt);
-      data["delay_ns"] = verdict.delay_ns;
+  if (d) {
+    if (apply(*d, pkt, on_arrival, arrive)) return;
+  }
+  last_arrival_[pair] = arrive;
+  deliver_at(arrive, pkt, on_arrival);
+  release(pkt, arrive);
+}
+
+// What rule d decided for pkt, due at arrive; false: deliver it as usual (never: corrupt is
+// refused when it is added, a watch rule never decides).
+bool Fabric::apply(const faults::Decision& d, const Packet& pkt, const Arrival& on_arrival,
+                   TimeNs arrive) {
+  nlohmann::json data = packet_json(pkt);
+  data["rule"] = d.rule_id;
+  switch (d.action) {
+    case faults::Action::kDrop:
+      data["reason"] = "rule";
+      env_.fault(pkt.src_host, "fabric", "drop", std::move(data));
+      return true;
+    case faults::Action::kDelay: {
+      const auto delay = static_cast<TimeNs>(d.delay_ns);
+      data["delay_ns"] = delay;
       env_.fault(pkt.src_host, "fabric", "delay", std::move(data));
-      const TimeNs t = arrive + std::max<TimeNs>(0, verdict.delay_ns);
+      const TimeNs t = arrive + delay;
       deliver_at(t, pkt, on_arrival);
       // It passes when it arrives (the switch forwards it then): what its flow held before it
       // follows it.
       if (held_.count(flow_of(pkt)) != 0)
         env_.runtime.schedule_at(t, [this, pkt, t] { release(pkt, t); });
-      return;  // a delayed packet may be overtaken: that is the fault
+      return true;  // a delayed packet may be overtaken: that is the fault
     }
-    case PacketAction::REORDER: {
-      nlohmann::json data = packet_json(pkt);
-      data["hold_ns"] = verdict.hold_ns;
+    case faults::Action::kReorder: {
+      const auto hold = static_cast<TimeNs>(d.hold_ns);
+      data["hold_ns"] = hold;
       env_.fault(pkt.src_host, "fabric", "reorder", std::move(data));
-      hold(pkt, on_arrival, arrive + std::max<TimeNs>(0, verdict.hold_ns));
-      return;  // not a passing packet: it releases nothing
+      hold_packet(pkt, on_arrival, arrive + hold);
+      return true;  // not a passing packet: it releases nothing
     }
-    case PacketAction::DUPLICATE:
-      env_.fault(pkt.src_host, "fabric", "duplicate", packet_json(pkt));
-      last_arrival_[pair] = arrive;
+    case faults::Action::kDuplicate: {
+      env_.fault(pkt.src_host, "fabric", "duplicate", std::move(data));
+      last_arrival_[std::make_pair(pkt.src_host, pkt.dst_host)] = arrive;
       deliver_at(arrive, pkt, on_arrival);
       deliver_at(arrive, pkt, on_arrival);
       release(pkt, arrive);
-      return;
-    case PacketAction::DELIVER:
-      last_arrival_[pair] = arrive;
-      deliver_at(arrive, pkt, on_arrival);
-      release(pkt, arrive);
-      return;
+      return true;
+    }
+    case faults::Action::kCorrupt:
+    case faults::Action::kWatch:
+      break;
   }
+  return false;
 }
 
 // A held packet arrives at its deadline unless a later packet of its flow passes first.
-void Fabric::hold(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline) {
+void Fabric::hold_packet(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline) {
   const Flow flow = flow_of(pkt);
   Held h{pkt, on_arrival, 0};
   h.deadline =

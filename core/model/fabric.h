@@ -1,7 +1,7 @@
-// The model fabric: carries packets between hosts with latency, jitter and loss, and lets the
-// wire-fault hook drop, delay, duplicate or reorder each one. It knows nothing of transports: a
-// sender gives the header the hook sees and what to do on arrival (TigerBeetle's packet
-// simulator).
+// The model fabric: carries packets between hosts with latency, jitter and loss, and applies the
+// fault switch's rules (wire_rules.h) to drop, delay, duplicate or reorder each one. It knows
+// nothing of transports: a sender gives the header the rules see and what to do on arrival
+// (TigerBeetle's packet simulator).
 // Order between a pair of hosts is kept (IB and RoCE deliver in order); only an explicit DELAY
 // or REORDER verdict can reorder.
 #pragma once
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/env.h"
+#include "model/wire_rules.h"
 #include "rdmalab/model.h"
 
 namespace rdmalab::model {
@@ -26,11 +27,13 @@ class Fabric {
   // Why a host passes no packets (set_port_state, device_fatal, reboot): nullptr when it does.
   using LinkUp = std::function<const char*(const std::string& host)>;
 
-  Fabric(Env& env, FabricOptions opts) : env_(env), opts_(opts) {}
+  Fabric(Env& env, FabricOptions opts) : env_(env), opts_(opts), rules_(env.seed) {}
 
   void set_options(const FabricOptions& opts) { opts_ = opts; }
   const FabricOptions& options() const { return opts_; }
-  void set_hook(PacketHook hook) { hook_ = std::move(hook); }
+  // The wire-fault rules and the hosts they name (bound by ModelLabImpl).
+  WireRules& rules() { return rules_; }
+  const WireRules& rules() const { return rules_; }
   void set_link_up(LinkUp fn) { link_up_ = std::move(fn); }
 
   // Sends pkt (its id is assigned here); on_arrival runs at the receiver at arrival time,
@@ -56,7 +59,9 @@ class Fabric {
   static Flow flow_of(const Packet& p) { return {p.src_host, p.dst_host, p.dest_qpn}; }
   void lose(const Packet& pkt, const std::string& why, const std::string& fault_name);
   void deliver_at(TimeNs t, const Packet& pkt, const Arrival& on_arrival);
-  void hold(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline);
+  bool apply(const faults::Decision& d, const Packet& pkt, const Arrival& on_arrival,
+             TimeNs arrive);
+  void hold_packet(const Packet& pkt, const Arrival& on_arrival, TimeNs deadline);
   void on_deadline(const Flow& flow, uint64_t id);
   // pkt passed at arrival time t: the packets of its flow held before it arrive right after it.
   void release(const Packet& pkt, TimeNs t);
@@ -64,7 +69,7 @@ class Fabric {
 
   Env& env_;
   FabricOptions opts_;
-  PacketHook hook_;
+  WireRules rules_;
   LinkUp link_up_;
   uint64_t next_packet_id_ = 1;
   std::map<std::pair<std::string, std::string>, TimeNs> last_arrival_;  // per (src, dst)

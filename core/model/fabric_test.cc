@@ -1,5 +1,5 @@
-// The fabric's REORDER verdict, the fault switch's reorder (faults/rules.h): a held packet
-// arrives right after the next packet of its flow, or at its deadline.
+// The fabric's reorder, the fault switch's (faults/rules.h): a held packet arrives right after the
+// next packet of its flow, or at its deadline.
 #include "model/fabric.h"
 
 #include <gtest/gtest.h>
@@ -32,9 +32,7 @@ struct Wire {
   }
   // Holds the packet with this psn; every other packet passes.
   void reorder(uint32_t psn, TimeNs hold_ns) {
-    fabric.set_hook([psn, hold_ns](const Packet& p) {
-      return p.psn == psn ? PacketVerdict{PacketAction::REORDER, 0, hold_ns} : PacketVerdict{};
-    });
+    fabric.rules().add({{"action", "reorder"}, {"psn", psn}, {"hold_ns", hold_ns}});
   }
   std::vector<nlohmann::json> records(const std::string& kind) const {
     std::vector<nlohmann::json> out;
@@ -81,11 +79,8 @@ TEST(Fabric, ReorderedPacketArrivesAtItsDeadlineWhenItsFlowIsQuiet) {
 
 TEST(Fabric, ADelayedPacketReleasesWhatItsFlowHeldWhenItArrives) {
   Wire w;
-  w.fabric.set_hook([](const Packet& p) {
-    if (p.psn == 0) return PacketVerdict{PacketAction::REORDER, 0, kNsPerSec};
-    if (p.psn == 1) return PacketVerdict{PacketAction::DELAY, 3 * kNsPerMs};
-    return PacketVerdict{};
-  });
+  w.reorder(0, kNsPerSec);
+  w.fabric.rules().add({{"action", "delay"}, {"psn", 1}, {"delay_ns", 3 * kNsPerMs}});
   w.send(0);
   w.send(1);
   w.run_for(10 * kNsPerMs);
@@ -94,9 +89,8 @@ TEST(Fabric, ADelayedPacketReleasesWhatItsFlowHeldWhenItArrives) {
 
 TEST(Fabric, PacketsHeldTogetherFollowTheNextInTheirOrder) {
   Wire w;
-  w.fabric.set_hook([](const Packet& p) {
-    return p.psn < 2 ? PacketVerdict{PacketAction::REORDER, 0, kNsPerSec} : PacketVerdict{};
-  });
+  w.reorder(0, kNsPerSec);
+  w.reorder(1, kNsPerSec);
   w.send(0);
   w.send(1);
   w.send(2);

@@ -32,6 +32,7 @@ ModelLabImpl::ModelLabImpl(const LabOptions& opts)
     Personality p = personality(spec.personality);
     if (spec.xrc_tgt_lifetime && p.caps.xrc) p.caps.xrc_tgt_lifetime = *spec.xrc_tgt_lifetime;
     hosts_.push_back(std::make_shared<ModelHost>(*env_, *fabric_, spec.name, p, index++));
+    fabric_->rules().add_host(spec.name, p.caps.transport == Transport::iWARP);
   }
   Env* env = env_.get();
   fabric_->set_link_up([env](const std::string& host) -> const char* {
@@ -98,9 +99,29 @@ void ModelLabImpl::at(TimeNs t_ns, std::function<void()> fn) {
   });
 }
 
-void ModelLabImpl::set_packet_hook(PacketHook hook) {
-  check_alive("set_packet_hook");
-  fabric_->set_hook(std::move(hook));
+uint64_t ModelLabImpl::add_rule(const nlohmann::json& rule) {
+  check_alive("add_rule");
+  const uint64_t id = fabric_->rules().add(rule);
+  env_->record("", "fabric", "wire_rule", {{"id", id}, {"rule", rule}});
+  return id;
+}
+
+bool ModelLabImpl::remove_rule(uint64_t id) {
+  check_alive("remove_rule");
+  const bool removed = fabric_->rules().remove(id);
+  if (removed) env_->record("", "fabric", "wire_rule_removed", {{"id", id}});
+  return removed;
+}
+
+size_t ModelLabImpl::clear_rules() {
+  check_alive("clear_rules");
+  const size_t n = fabric_->rules().clear();
+  if (n > 0) env_->record("", "fabric", "wire_rules_cleared", {{"removed", n}});
+  return n;
+}
+
+nlohmann::json ModelLabImpl::rules() const {
+  return fabric_->rules().rules_json();
 }
 
 void ModelLabImpl::set_fabric(const FabricOptions& opts) {

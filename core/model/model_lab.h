@@ -28,7 +28,10 @@ class ModelLabImpl final : public ModelLab {
 
   void run_until(TimeNs deadline_ns) override;
   void at(TimeNs t_ns, std::function<void()> fn) override;
-  void set_packet_hook(PacketHook hook) override;
+  uint64_t add_rule(const nlohmann::json& rule) override;
+  bool remove_rule(uint64_t id) override;
+  size_t clear_rules() override;
+  nlohmann::json rules() const override;
   void set_fabric(const FabricOptions& opts) override;
   void set_verb_hook(VerbHook hook) override;
   void inject_async_event(const std::string& host, AsyncEventType type, uint32_t number,

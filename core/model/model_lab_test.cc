@@ -223,10 +223,7 @@ TEST(ModelLab, DelayedPacketsAreRecordedAsFaults) {
   auto qa = a.qp();
   auto qb = b.qp();
   connect(*qa, *a.ctx, *qb, *b.ctx);
-  lab->set_packet_hook([](const Packet& p) {
-    return p.opcode == "SEND_ONLY" ? PacketVerdict{PacketAction::DELAY, 3 * kNsPerMs}
-                                   : PacketVerdict{};
-  });
+  lab->add_rule({{"action", "delay"}, {"opcode", "SEND_ONLY"}, {"delay_ns", 3 * kNsPerMs}});
   qb->post_recv(recv_wr(1, *b.mr));
   const TimeNs t0 = lab->runtime().now_ns();
   qa->post_send(send_wr(1, *a.mr));

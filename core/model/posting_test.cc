@@ -69,7 +69,7 @@ TEST(Posting, FlushCompletesEveryOutstandingWrInPostingOrder) {
   Two t("ib");
   RcParams rp;
   t.connect_both();
-  t.lab->set_packet_hook([](const Packet&) { return PacketVerdict{PacketAction::DROP, 0}; });
+  t.lab->add_rule({{"action", "drop"}});
   for (uint64_t i = 1; i <= 4; ++i) t.qa->post_send(send_wr(i, *t.a.mr, 8, 0, i % 2 == 0));
   for (uint64_t i = 11; i <= 13; ++i) t.qa->post_recv(recv_wr(i, *t.a.mr));
   t.lab->run_for(10 * kNsPerUs);
@@ -140,7 +140,7 @@ TEST(Posting, IwarpClosingRefusesPostsAndOutstandingWrsSendItToError) {
     EXPECT_EQ(err_of([&] { t.qa->post_send(send_wr(1, *t.a.mr)); }), EINVAL) << pers;
     EXPECT_EQ(err_of([&] { t.qa->post_recv(recv_wr(1, *t.a.mr)); }), EINVAL) << pers;
     // seed 000: CLOSING with WRs outstanding moves the QP to ERROR.
-    t.lab->set_packet_hook([](const Packet&) { return PacketVerdict{PacketAction::DROP, 0}; });
+    t.lab->add_rule({{"action", "drop"}});
     t.qb->post_send(send_wr(2, *t.b.mr));
     modify_state(*t.qb, SQD);
     EXPECT_EQ(t.qb->state(), ERR) << pers;

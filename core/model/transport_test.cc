@@ -28,6 +28,16 @@ struct Pair {
   }
 };
 
+// How many packets a wire-fault rule took (ModelLab::rules).
+uint64_t acted(const ModelLab& lab, uint64_t rule_id) {
+  for (const auto& r : lab.rules())
+    if (r.at("id") == rule_id) return r.at("acted").get<uint64_t>();
+  ADD_FAILURE() << "no rule " << rule_id;
+  return 0;
+}
+
+const nlohmann::json kDropAll = {{"action", "drop"}};
+
 TEST(Transport, SendMovesBytesAndCompletesBothSides) {
   Pair p = Pair::rc("ib");
   p.a.mr->write(0, bytes("hello, model"));
@@ -102,14 +112,7 @@ TEST(Transport, DroppedPacketsAreRetransmittedAfterTheAckTimeout) {
   rp.timeout = 10;  // 4.096 us * 2^10 = 4.19 ms
   rp.retry_cnt = 3;
   Pair p = Pair::rc("ib", rp);
-  int dropped = 0;
-  p.lab->set_packet_hook([&](const Packet& pkt) {
-    if (pkt.opcode == "SEND_ONLY" && dropped < 2) {
-      ++dropped;
-      return PacketVerdict{PacketAction::DROP, 0};
-    }
-    return PacketVerdict{};
-  });
+  p.lab->add_rule({{"action", "drop"}, {"opcode", "SEND_ONLY"}, {"count", 2}});
   p.qb->post_recv(recv_wr(1, *p.b.mr));
   const TimeNs t0 = p.lab->runtime().now_ns();
   p.qa->post_send(send_wr(1, *p.a.mr));
@@ -126,7 +129,7 @@ TEST(Transport, DropEverythingEndsInRetryExcErrAfterRetryCntPlusOneTimeouts) {
   rp.timeout = 12;
   rp.retry_cnt = 3;
   Pair p = Pair::rc("ib", rp);
-  p.lab->set_packet_hook([](const Packet&) { return PacketVerdict{PacketAction::DROP, 0}; });
+  p.lab->add_rule(kDropAll);
   const TimeNs t0 = p.lab->runtime().now_ns();
   p.qa->post_send(send_wr(1, *p.a.mr, 8, 0, false));  // unsignaled: errors complete anyway
   p.qa->post_send(send_wr(2, *p.a.mr));
@@ -149,7 +152,7 @@ TEST(Transport, RetryCnt7IsFiniteOnIbAndInfiniteOnRoce) {
     rp.timeout = 8;  // ~1 ms
     rp.retry_cnt = 7;
     Pair p = Pair::rc(pers, rp);
-    p.lab->set_packet_hook([](const Packet&) { return PacketVerdict{PacketAction::DROP, 0}; });
+    p.lab->add_rule(kDropAll);
     p.qa->post_send(send_wr(1, *p.a.mr));
     auto sw = wait_wcs(*p.lab, *p.a.cq, 1, 10 * kNsPerSec);
     if (pers == "ib") {
@@ -195,18 +198,14 @@ TEST(Transport, RnrRetryExhaustionAfterRnrRetryPlusOneNaks) {
   rp.min_rnr_timer = 1;  // 10 us
   rp.rnr_retry = 2;
   Pair p = Pair::rc("roce", rp);
-  int naks = 0;
-  p.lab->set_packet_hook([&](const Packet& pkt) {
-    naks += pkt.syndrome == "RNR_NAK";
-    return PacketVerdict{};
-  });
+  const uint64_t naks = p.lab->add_rule({{"action", "watch"}, {"syndrome", "RNR_NAK"}});
   p.qa->post_send(send_wr(1, *p.a.mr));
   p.qa->post_send(send_wr(2, *p.a.mr));
   auto sw = wait_wcs(*p.lab, *p.a.cq, 2);
   ASSERT_EQ(sw.size(), 2u);
   EXPECT_EQ(sw[0].status, WcStatus::RNR_RETRY_EXC_ERR);
   EXPECT_EQ(sw[1].status, WcStatus::WR_FLUSH_ERR);
-  EXPECT_EQ(naks, 3);
+  EXPECT_EQ(acted(*p.lab, naks), 3u);
   EXPECT_EQ(p.qa->state(), QpState::ERR);
 }
 
@@ -223,16 +222,8 @@ TEST(Transport, RnrRetry7IsInfinite) {
 TEST(Transport, GapGetsOneNakSeqAndGoBackN) {
   Pair p = Pair::rc("ib");
   for (int i = 0; i < 4; ++i) p.qb->post_recv(recv_wr(i, *p.b.mr));
-  bool dropped = false;
-  int nak_seq = 0;
-  p.lab->set_packet_hook([&](const Packet& pkt) {
-    nak_seq += pkt.syndrome == "NAK_SEQ";
-    if (!dropped && pkt.opcode == "SEND_ONLY" && pkt.psn == 0) {
-      dropped = true;
-      return PacketVerdict{PacketAction::DROP, 0};
-    }
-    return PacketVerdict{};
-  });
+  const uint64_t nak_seq = p.lab->add_rule({{"action", "watch"}, {"syndrome", "NAK_SEQ"}});
+  p.lab->add_rule({{"action", "drop"}, {"opcode", "SEND_ONLY"}, {"psn", 0}, {"count", 1}});
   for (int i = 0; i < 4; ++i) p.qa->post_send(send_wr(10 + i, *p.a.mr));
   auto sw = wait_wcs(*p.lab, *p.a.cq, 4, 10 * kNsPerMs);  // well before the 67 ms ACK timeout
   ASSERT_EQ(sw.size(), 4u);
@@ -240,13 +231,13 @@ TEST(Transport, GapGetsOneNakSeqAndGoBackN) {
     EXPECT_EQ(sw[i].wr_id, 10u + i);
     EXPECT_EQ(sw[i].status, WcStatus::SUCCESS);
   }
-  EXPECT_EQ(nak_seq, 1);
+  EXPECT_EQ(acted(*p.lab, nak_seq), 1u);
   EXPECT_EQ(wait_wcs(*p.lab, *p.b.cq, 4).size(), 4u);  // each message delivered exactly once
 }
 
 TEST(Transport, DuplicatedPacketsAreDeliveredOnce) {
   Pair p = Pair::rc("ib");
-  p.lab->set_packet_hook([](const Packet&) { return PacketVerdict{PacketAction::DUPLICATE, 0}; });
+  p.lab->add_rule({{"action", "duplicate"}});
   for (int i = 0; i < 3; ++i) p.qb->post_recv(recv_wr(i, *p.b.mr));
   for (int i = 0; i < 2; ++i) p.qa->post_send(send_wr(i, *p.a.mr));
   EXPECT_EQ(wait_wcs(*p.lab, *p.a.cq, 2).size(), 2u);
@@ -261,23 +252,16 @@ TEST(Transport, ReorderedSendIsOneNakSeqAndTheSameSeedReplaysIt) {
   auto run = [](std::string* history) {
     Pair p = Pair::rc("ib");
     for (int i = 0; i < 2; ++i) p.qb->post_recv(recv_wr(i, *p.b.mr, 64, 64 * i));
-    bool held = false;
-    int nak_seq = 0;
-    p.lab->set_packet_hook([&](const Packet& pkt) {
-      nak_seq += pkt.syndrome == "NAK_SEQ";
-      if (!held && pkt.opcode == "SEND_ONLY") {
-        held = true;
-        return PacketVerdict{PacketAction::REORDER, 0, kNsPerSec};
-      }
-      return PacketVerdict{};
-    });
+    const uint64_t nak_seq = p.lab->add_rule({{"action", "watch"}, {"syndrome", "NAK_SEQ"}});
+    p.lab->add_rule(
+        {{"action", "reorder"}, {"opcode", "SEND_ONLY"}, {"count", 1}, {"hold_ns", kNsPerSec}});
     p.a.mr->write(0, bytes("first"));
     p.a.mr->write(64, bytes("second"));
     p.qa->post_send(send_wr(10, *p.a.mr, 5));
     p.qa->post_send(send_wr(11, *p.a.mr, 6, 64));
     auto sw = wait_wcs(*p.lab, *p.a.cq, 2, 10 * kNsPerMs);  // well before the ACK timeout
     auto rw = wait_wcs(*p.lab, *p.b.cq, 2, kNsPerMs);
-    EXPECT_EQ(nak_seq, 1);
+    EXPECT_EQ(acted(*p.lab, nak_seq), 1u);
     EXPECT_EQ(p.lab->fault_counts()["reorder"], 1u);
     EXPECT_EQ(count_kind(*p.lab, "reorder_release"), 1u);
     EXPECT_EQ(sw.size(), 2u);

@@ -356,7 +356,7 @@ TEST(CmPumpTest, StuckConnectNamesTheStep) {
     EXPECT_NE(d.find("waiting for ESTABLISHED"), std::string::npos) << d;
     EXPECT_NE(d.find("ADDR_RESOLVED, ROUTE_RESOLVED"), std::string::npos) << d;
   }
-  t.lab.lab->set_packet_hook(nullptr);
+  t.lab.lab->clear_rules();
   cm_close(t.client, c, t.lab.in(kNsPerSec));
   t.server.destroy_id(*listener, t.lab.in(kNsPerSec));
 }

@@ -77,11 +77,7 @@ class TwoHosts {
 
   // Every packet from host a to host b is lost: a's sends stay outstanding.
   void cut_a_to_b() {
-    lab->set_packet_hook([](const model::Packet& p) {
-      model::PacketVerdict v;
-      if (p.src_host == "a" && p.dst_host == "b") v.action = model::PacketAction::DROP;
-      return v;
-    });
+    lab->add_rule({{"action", "drop"}, {"direction", "a->b"}});
   }
 
   std::shared_ptr<model::ModelLab> lab;

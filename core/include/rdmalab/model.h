@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "rdmalab/lab.h"
 
 namespace rdmalab::model {
@@ -46,13 +48,15 @@ struct LabOptions {
   std::vector<std::string> mutations;
 };
 
-// One packet on the model fabric, as a wire fault sees it.
+// One packet on the model fabric. Wire faults see it as the frame it stands for
+// (core/model/wire_rules.h).
 struct Packet {
   uint64_t id = 0;
   std::string src_host;
   std::string dst_host;
   std::string
       opcode;  // BTH opcode name: "SEND_ONLY", "RDMA_WRITE_ONLY", "ACKNOWLEDGE", ... ; "MAD" for CM
+  QpType qp_type = QpType::RC;  // the BTH's transport (RC, UD, XRC); a MAD is UD
   uint32_t dest_qpn = 0;
   uint32_t src_qpn = 0;
   uint32_t psn = 0;
@@ -61,17 +65,6 @@ struct Packet {
                              // "NAK_REM_ACCESS", "NAK_REM_OP"
   uint16_t mad_attr_id = 0;  // CM MADs (0x10 REQ ... 0x16 DREP)
 };
-
-// REORDER is the fault switch's reorder (faults/rules.h): the packet is held until the next
-// packet of its flow (same src_host, dst_host and dest_qpn) passes and then arrives right after
-// it, or arrives hold_ns after it would have.
-enum class PacketAction { DELIVER, DROP, DELAY, DUPLICATE, REORDER };
-struct PacketVerdict {
-  PacketAction action = PacketAction::DELIVER;
-  TimeNs delay_ns = 0;              // DELAY
-  TimeNs hold_ns = 100 * kNsPerMs;  // REORDER: the switch's default hold
-};
-using PacketHook = std::function<PacketVerdict(const Packet&)>;
 
 // A verb call as the timing-fault hook sees it, at the verb's entry.
 struct VerbCall {
@@ -91,8 +84,16 @@ class ModelLab : public Lab {
   // Schedule fn at a virtual time (a timing fault: "fire X at t").
   virtual void at(TimeNs t_ns, std::function<void()> fn) = 0;
 
-  // Wire faults: the hook sees every packet before it is delivered. One hook; nullptr clears.
-  virtual void set_packet_hook(PacketHook hook) = 0;
+  // Wire faults: the fault switch's rules (faults/rules.h, one JSON object each), applied by
+  // the fabric to the frame each packet stands for (core/model/wire_rules.h); the first rule
+  // that takes a packet decides (drop, delay, duplicate, reorder; watch counts and passes).
+  // add_rule throws faults::RuleError naming the bad key; corrupt is refused (the fabric
+  // carries no bytes). A rule's probability draws come from the lab's seed.
+  virtual uint64_t add_rule(const nlohmann::json& rule) = 0;
+  virtual bool remove_rule(uint64_t id) = 0;
+  virtual size_t clear_rules() = 0;
+  // [{"id", "rule", "matched", "acted"}]: the rules in order with their counters.
+  virtual nlohmann::json rules() const = 0;
   virtual void set_fabric(const FabricOptions& opts) = 0;
 
   // Timing faults: fn runs at the entry of every verb on the model (before it acts).
