@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -102,6 +103,48 @@ def test_each_key_takes_the_cm_req_on_the_model_as_the_switch_takes_the_real_fra
             assert rule.hits == on_switch[rid], f"{spec}: model {rule.hits}, switch " \
                                                 f"{on_switch[rid]}"
     assert sum(on_switch.values()) >= 10  # most keys describe the REQ: the test can tell
+
+
+class SwitchLab:
+    """What the VM lab's AgentFaults asks of its lab to put rules in a switch."""
+
+    description = "a VM lab's switch"
+
+    def __init__(self, control_path: str):
+        self.path, self.addresses, self.records = control_path, {"a": "10.0.0.1",
+                                                                 "b": "10.0.0.2"}, []
+
+    def switch_unusable(self) -> str:
+        return self.path
+
+    def machine_of(self, name):
+        facts = SimpleNamespace(mac=MAC_A if name == "a" else MAC_B,
+                                data_address=self.addresses[name])
+        return SimpleNamespace(facts=facts)
+
+    def record(self, kind, **data):
+        self.records.append((kind, data))
+
+    def lost_hosts(self) -> set:
+        return set()
+
+
+def test_the_vm_lab_takes_the_same_rule_object_and_checks_it_first(switch):
+    from rdmalab.agentlab import AgentFaults
+    control, send = switch
+    faults = AgentFaults(SwitchLab(control.path))
+    spec = {"action": "watch", "cm": "REQ", "transport": "UD"}
+    rule = faults.rule(spec)
+    with pytest.raises(ValueError, match="rule.opcode: unknown opcode 'SEND_ONYL'"):
+        faults.rule({"action": "drop", "opcode": "SEND_ONYL"})  # refused before it is sent
+    send(cm_req_frame())
+    assert rule.hits == 1 and rule.rule == {"cm": "REQ", "transport": "UD", "action": "watch"}
+    assert [r["rule"] for r in control.request("rules")["rules"]] == [rule.rule]
+    with ib_lab(pers="roce") as lab:
+        same = lab.faults.rule(spec)
+        CmPair(lab)
+        assert same.hits == rule.hits
+    faults.clear()
 
 
 BAD_RULES = [
