@@ -44,12 +44,13 @@ uint8_t transport_bits(QpType t) {
 
 // IBTA 9.7.5.1 AETH syndrome: ACK 000xxxxx, RNR NAK 001xxxxx, NAK 011 + the code.
 uint8_t syndrome_byte(std::string_view s) {
-  constexpr std::array<std::pair<std::string_view, uint8_t>, 6> kNaks = {{{"RNR_NAK", 0x20},
-                                                                          {"NAK_SEQ", 0x60},
-                                                                          {"NAK_INV_REQ", 0x61},
-                                                                          {"NAK_REM_ACCESS", 0x62},
-                                                                          {"NAK_REM_OP", 0x63},
-                                                                          {"NAK_INV_RD_REQ", 0x64}}};
+  constexpr std::array<std::pair<std::string_view, uint8_t>, 6> kNaks = {
+      {{"RNR_NAK", 0x20},
+       {"NAK_SEQ", 0x60},
+       {"NAK_INV_REQ", 0x61},
+       {"NAK_REM_ACCESS", 0x62},
+       {"NAK_REM_OP", 0x63},
+       {"NAK_INV_RD_REQ", 0x64}}};
   for (const auto& [name, b] : kNaks)
     if (s == name) return b;
   return 0x00;  // ACK
@@ -63,9 +64,9 @@ bool is_terminate(std::string_view syndrome) {
 // RFC 5040 4.2: the RDMAP message a model data packet is on an iWARP connection.
 std::optional<uint8_t> rdmap_of(const Packet& p) {
   static const std::map<std::string, uint8_t, std::less<>> kRdmap = {
-      {"RDMA_WRITE_ONLY", 0x0},         {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", 0x0},
-      {"RDMA_READ_REQUEST", 0x1},       {"RDMA_READ_RESPONSE_ONLY", 0x2},
-      {"SEND_ONLY", 0x3},               {"SEND_ONLY_WITH_IMMEDIATE", 0x3}};
+      {"RDMA_WRITE_ONLY", 0x0},   {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", 0x0},
+      {"RDMA_READ_REQUEST", 0x1}, {"RDMA_READ_RESPONSE_ONLY", 0x2},
+      {"SEND_ONLY", 0x3},         {"SEND_ONLY_WITH_IMMEDIATE", 0x3}};
   if (p.opcode == "ACKNOWLEDGE") {
     if (is_terminate(p.syndrome)) return 0x7;
     return std::nullopt;
@@ -92,7 +93,7 @@ std::optional<uint8_t> cm_tcp_flags(std::string_view opcode) {
   return std::nullopt;
 }
 
-constexpr size_t kMpaHeaderBytes = 20;  // RFC 5044 7.1: key, flags, revision, PD length
+constexpr size_t kMpaHeaderBytes = 20;        // RFC 5044 7.1: key, flags, revision, PD length
 constexpr size_t kFpduOverhead = 2 + 18 + 4;  // ULPDU length, untagged DDP/RDMAP header, CRC
 
 void tcp_part(Frame& f, const Packet& p) {

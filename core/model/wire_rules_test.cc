@@ -25,8 +25,8 @@ struct Case {
   ft::Frame8 real;
 };
 
-Packet packet(const char* src, const char* dst, const char* opcode, uint32_t dest_qpn,
-              uint32_t psn, uint32_t length = 0) {
+Packet packet(const char* src, const char* dst, const char* opcode, uint32_t dest_qpn, uint32_t psn,
+              uint32_t length = 0) {
   Packet p;
   p.src_host = src;
   p.dst_host = dst;
@@ -58,8 +58,8 @@ std::vector<Case> cases() {
   out.push_back({"TCP FIN", packet("a", "b", "TCP_FIN", 0, 0), true, ft::tcp_fin_ack()});
   out.push_back({"TCP SYN", packet("a", "b", "TCP_SYN", 0, 0), true, ft::tcp_syn()});
   out.push_back({"MPA request", packet("a", "b", "MPA_REQUEST", 0, 0, 8), true, ft::mpa_request()});
-  out.push_back({"FPDU SEND", packet("a", "b", "SEND_ONLY", 0, 0, 64), true,
-                 ft::fpdu_send_frame()});
+  out.push_back(
+      {"FPDU SEND", packet("a", "b", "SEND_ONLY", 0, 0, 64), true, ft::fpdu_send_frame()});
   return out;
 }
 
