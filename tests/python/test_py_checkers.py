@@ -311,10 +311,10 @@ def test_bounded():
 
 def test_check_all_runs_every_checker_in_order():
     got = [r.checker for r in checkers.check_all(H(), MODEL)]
+    assert got == checkers.names()
     expected = ["completions", "handlers", "cm_terminal", "cm_sequence", "leftovers",
                 "bounded"]
-    assert got == [n for n in expected if n in checkers.names()]
-    assert {"completions", "handlers", "cm_terminal", "leftovers", "bounded"} <= set(got)
+    assert [n for n in got if n in expected] == expected
     assert [r.checker for r in checkers.check_all(H(), MODEL, names=["bounded"])] == ["bounded"]
     with pytest.raises(ValueError, match="unknown checker.*nope.*known: completions"):
         checkers.check_all(H(), MODEL, names=["nope"])
@@ -482,3 +482,68 @@ def test_real_drep_dropped(mlab):
     pair.client.conn.wait("DISCONNECTED", timing.dreq_give_up_ns + sec(1))
     pair.client.conn.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(100))
     assert_no_false_positive(judged(mlab))
+
+
+# ---------------------------------------------------------------- planted defects (issue 17 item 7)
+
+def mutated_lab(name, personality):
+    from rdmalab import lab as lab_mod
+    if name not in getattr(lab_mod, "MUTATIONS", {}):
+        pytest.skip(f"this build has no mutation {name}")
+    return lab_mod.model_lab(seed=3, personality=personality, mutations=[name])
+
+
+def invalid_of(lab, name):
+    r = checkers.check_all(lab.history(), checkers.context_of(lab), names=[name])[0]
+    lab.shutdown()
+    assert r.verdict == "invalid", (r.verdict, r.reason)
+    return texts(r)
+
+
+def test_mutation_lost_flush_completion_is_found():
+    from rdmalab.resources import RCPair
+    lab = mutated_lab("lost_flush_completion", "roce")
+    pair = RCPair(lab)
+    for _ in range(3):
+        pair.b.post_recv(length=64)
+    pair.b.qp.modify(qp_state="ERR")
+    lab.run_for(ms(10))
+    pair.b.qp.destroy()
+    assert "wr_id 1 (recv, posted at record" in invalid_of(lab, "completions")
+
+
+def test_mutation_handler_after_destroy_is_found():
+    from rdmalab.resources import Player
+    from rdmalab.stack import Dispatcher
+    lab = mutated_lab("handler_after_destroy", "ib")
+    p = Player(lab, "a")
+    other = p.ctx.create_qp(p.pd, "RC", cq=p.cq)
+    busy = []
+
+    def slow(ev):
+        busy.append(ev.type)
+        lab.sleep(ms(5))
+    with Dispatcher(lab, p.ctx, workers=1) as d:   # the one worker busy: p.qp's event waits
+        d.watch(other, slow)
+        d.watch(p.qp, lambda ev: None)
+        lab.faults.inject_async_event("a", "QP_FATAL", other.qp_num)
+        lab.wait_until(lambda: busy, ms(10), "the busy handler")
+        lab.faults.inject_async_event("a", "QP_FATAL", p.qp.qp_num)
+        lab.wait_until(lambda: d.count_events(p.qp, "QP_FATAL") == 1, ms(10), "the event read")
+        d.destroy(p.qp, timeout_ns=sec(1))
+        lab.run_for(ms(20))
+    assert "a handler ran for a destroyed object" in invalid_of(lab, "handlers")
+
+
+def test_mutation_destroy_ignores_unacked_is_found():
+    from rdmalab.resources import CmPair
+    lab = mutated_lab("destroy_ignores_unacked", "roce")
+    pair = CmPair(lab)
+    server, ch = pair.server.conn, pair.server_channel
+    ch.hold_acks(server)
+    pair.client.conn.disconnect()
+    server.wait("DISCONNECTED", ms(100))
+    pair.server.close(timeout_ns=ms(50))        # returns although DISCONNECTED is unacked
+    ch.release_acks(server)
+    assert "cm_event_ack DISCONNECTED after its destroy returned" in \
+        invalid_of(lab, "cm_terminal")

@@ -32,6 +32,11 @@ _EVENT_KINDS = frozenset({"cm_event", "cm_event_read", "cm_event_dispatched"})
 _AFTER_DESTROY = frozenset({"cm_event", "cm_event_read", "cm_event_dispatched", "cm_event_ack",
                             "cm_handler_begin"})
 _HOST_KINDS = frozenset({"fault", "process_crash", "host_lost"})
+# What this checker reads; an id's first record is one of them (its create's verb record or
+# cm_create), so the many cm_state records are skipped unread.
+_KINDS = _EVENT_KINDS | _AFTER_DESTROY | _HOST_KINDS | {
+    "verb", "cm_create", "cm_destroy_end", "destroyed_by_kill", "destroyed_by_close",
+    "teardown", "hung"}
 
 
 class _Id:
@@ -54,6 +59,8 @@ def check(history: list, ctx: Context) -> Result:
     teardown = hung = None
     for r in history:
         k = r["kind"]
+        if k not in _KINDS:
+            continue
         obj = r["object"]
         if not obj.startswith("cm_id:"):
             if k in _HOST_KINDS:
