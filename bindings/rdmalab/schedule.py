@@ -47,6 +47,8 @@ OPS: dict[str, dict[str, Any]] = {
     "recv": {_C: str, _S: str, "n": int},
     "post": {_C: str, _S: str, "opcode": str, "n": int, "signaled": bool},
     "disconnect": {_C: str, _S: str},
+    "hold_acks": {_C: str, _S: str},
+    "release_acks": {_C: str, _S: str},
     "drain": {_C: str, _S: str},
     "destroy": {_C: str, _S: str},
     "async_event": {_C: str, _S: str, "event": str, "driver_delay_ns": int},
@@ -61,6 +63,7 @@ OPS: dict[str, dict[str, Any]] = {
 _REQUIRED = {
     "connect": ("conn", "client", "server"), "recv": (_C, _S), "post": (_C, _S),
     "disconnect": (_C, _S), "drain": (_C, _S), "destroy": (_C, _S),
+    "hold_acks": (_C, _S), "release_acks": (_C, _S),
     "async_event": (_C, _S, "event"), "kill": (_H, "process"), "reboot": (_H, "down_ns"),
     "port_down": (_H,), "port_up": (_H,), "rule": ("name", "rule"), "unrule": ("name",),
     "wait": ("ns",),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from . import sec
+from . import ms, sec
 from .errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
 from .protocol import CM_PROTOCOL_STATE
 from .schedule import (DEFAULT_WITHIN_NS, DESTROY_NS, OUTCOME_NS, TRIGGERS, Schedule,
@@ -20,6 +20,7 @@ from .schedule import (DEFAULT_WITHIN_NS, DESTROY_NS, OUTCOME_NS, TRIGGERS, Sche
 _CONNECT_ENDS = ("ESTABLISHED", "REJECTED", "UNREACHABLE", "CONNECT_ERROR", "DEVICE_REMOVAL",
                  "ADDR_ERROR", "ROUTE_ERROR", "DISCONNECTED")
 _BASE_PORT = 18000
+HANDLER_NS = ms(1)
 
 
 @dataclasses.dataclass
@@ -30,6 +31,7 @@ class Side:
     process: str
     cm_id: Any = None
     player: Any = None   # resources.CmSide once established
+    holding: bool = False  # the application holds the acks of this id's events
     closed: bool = False
 
 
@@ -71,6 +73,7 @@ class Runner:
         self.every_proc: list[tuple] = []      # every process made, killed ones too
         self.next_wr = 1                       # wr_ids unique in the run (one ledger a host)
         self.channels: dict[tuple, Any] = {}
+        self.dispatchers: dict[tuple, Any] = {}   # (host, process) -> async-event Dispatcher
         self.killable = {(st["host"], st["process"]) for st in schedule.steps
                          if st["op"] == "kill"}
         self.qpns: dict[str, set] = {}
@@ -238,6 +241,7 @@ class Runner:
             from .resources import CmSide
             for side in (c.client, c.server):
                 side.player = CmSide(self.lab, side.cm_id)
+                self._dispatcher(side).watch(side.player.qp, self._handler)
             c.state = "established"
             return "established"
         c.state = "failed"
@@ -287,6 +291,18 @@ class Runner:
                         peer=peer.player if opcode != "SEND" else None, **kw)
         return ""
 
+    def _op_hold_acks(self, st: dict) -> str:
+        side = self._sideof(st)
+        self._channel(side).hold_acks(self._cm_id(st))
+        side.holding = True
+        return ""
+
+    def _op_release_acks(self, st: dict) -> str:
+        side = self._sideof(st)
+        n = self._channel(side).release_acks(self._cm_id(st))
+        side.holding = False
+        return f"{n} acked"
+
     def _op_disconnect(self, st: dict) -> str:
         self._cm_id(st).disconnect()
         return ""
@@ -300,6 +316,10 @@ class Runner:
 
     def _op_destroy(self, st: dict) -> str:
         side = self._sideof(st)
+        if side.holding:  # an event read and not acked: rdma_destroy_id may not return
+            self._cm_id(st).destroy(self.destroy_ns)
+            side.closed = True
+            return "destroyed with an ack held"
         self._close(side)
         return ""
 
@@ -321,6 +341,7 @@ class Runner:
             if (side.host, side.process) == (st["host"], st["process"]):
                 side.closed = True
         self.channels.pop((st["host"], st["process"]), None)
+        self.dispatchers.pop((st["host"], st["process"]), None)
         return ""
 
     def _op_reboot(self, st: dict) -> str:
@@ -328,6 +349,7 @@ class Runner:
         for key in [k for k in self.procs if k[0] == st["host"]]:
             self.procs.pop(key)
             self.channels.pop(key, None)
+            self.dispatchers.pop(key, None)
         for side in self._sides():
             if side.host == st["host"]:
                 side.closed = True
@@ -369,6 +391,20 @@ class Runner:
         if key not in self.channels:
             self.channels[key] = self._process(*key).event_channel()
         return self.channels[key]
+
+    def _dispatcher(self, side: Side):
+        """One async-event dispatcher per process (its device context), as an application
+        has: every QP watched, destroy through it (seed 002)."""
+        key = (side.host, side.process)
+        if key not in self.dispatchers:
+            from .stack import Dispatcher
+            self.dispatchers[key] = Dispatcher(self.lab, side.player.ctx).start()
+        return self.dispatchers[key]
+
+    def _handler(self, ev) -> None:
+        """An application's handler: it takes HANDLER_NS, so a destroy can meet it running
+        and a second event can queue behind it."""
+        self.lab.sleep(HANDLER_NS)
 
     def _bind(self, side: Side) -> None:
         cm_id = side.cm_id
@@ -419,6 +455,12 @@ class Runner:
         if side.closed:
             return
         try:  # closed only once it is: a moment inside the destroy still sees a live side
+            if side.holding:
+                self._channel(side).release_acks(side.cm_id)
+                side.holding = False
+            d = self.dispatchers.get((side.host, side.process))
+            if d is not None and side.player is not None and not side.player.qp.destroyed:
+                d.destroy(side.player.qp, self.destroy_ns)  # waits for a running handler
             if side.player is not None:
                 side.player.close(self.destroy_ns)
             elif side.cm_id is not None and not side.cm_id.destroyed:
@@ -453,6 +495,13 @@ class Runner:
                         c.listener.destroy(self.destroy_ns)
                     except Error:
                         pass
+            for key, d in list(self.dispatchers.items()):
+                try:
+                    d.stop(self.destroy_ns)
+                except (Hung, DeadlineExceeded) as e:
+                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
+                except Error:
+                    pass
             for key, ch in list(self.channels.items()):
                 try:
                     ch.close(self.destroy_ns)

@@ -21,7 +21,7 @@ from .schedule import ASYNC_EVENTS, CM_MESSAGES, Schedule
 
 # Fault kinds a seed may switch on (each with probability 1/2, and a rate drawn per seed).
 FAULT_KINDS = ("cm_drop", "cm_delay", "cm_duplicate", "loss", "reorder", "duplicate", "kill",
-               "reboot", "port", "async_event", "moments")
+               "reboot", "port", "async_event", "moments", "acks")
 # Workload weights: what a step is, when it is not a fault.
 _WORK = (("post", 6), ("recv", 5), ("disconnect", 3), ("connect", 2), ("drain", 2),
          ("destroy", 2), ("wait", 2))
@@ -135,11 +135,27 @@ class _Gen:
             self._add({"op": "port_down", "host": host})
             return self._add({"op": "port_up", "host": host,
                               "at": {"moment": "after", "ns": rng.choice((ms(10), sec(1)))}})
-        if kind == "async_event":
-            return self._add({"op": "async_event", "conn": rng.choice(self.conns),
-                              "side": rng.choice(("client", "server")),
-                              "event": rng.choice(_QP_EVENTS),
-                              "driver_delay_ns": rng.choice((0, ms(1)))})
+        if kind == "async_event":  # one or two, sometimes with the QP destroyed right after
+            c, side = self._live()
+            delay = rng.choice((0, ms(1)))
+            for _ in range(rng.randint(1, 2)):
+                self._add({"op": "async_event", "conn": c, "side": side,
+                           "event": rng.choice(_QP_EVENTS), "driver_delay_ns": delay})
+            if rng.random() < 0.5:  # destroy as the driver hands the event over, or at once
+                if delay and rng.random() < 0.7:
+                    self._add({"op": "wait", "ns": delay})
+                self._add({"op": "destroy", "conn": c, "side": side})
+            return None
+        if kind == "acks":  # the application holds an id's acks, then closes or lets go
+            c, side = self._live()
+            self._add({"op": "hold_acks", "conn": c, "side": side})
+            if rng.random() < 0.8:  # the peer closes: this side's DISCONNECTED is held
+                self._add({"op": "disconnect", "conn": c,
+                           "side": "server" if side == "client" else "client"})
+                self._add({"op": "wait", "ns": ms(1)})
+            self._add({"op": rng.choice(("destroy", "release_acks")), "conn": c,
+                       "side": side})
+            return None
         return self._moment()
 
     def _moment(self) -> None:

@@ -42,7 +42,7 @@ def parser(command: str) -> argparse.ArgumentParser:
                    help="model, model:roce[,ib,...], vm:rxe, vm:siw, netns:rxe, inventory:PATH")
     p.add_argument("--out", default=f"out/{command}", help=f"output folder (out/{command})")
     p.add_argument("--mutation", action="append", default=[],
-                   help="run the model with this planted defect (rdmalab.MUTATIONS)")
+                   help="run the model with this planted defect (rdmalab.lab.MUTATIONS)")
     p.add_argument("--vm-hosts", type=int, default=2, help="hosts of a device lab (2)")
     p.add_argument("--kernel", default=None, help="the VM lab's guest kernel (--kernel of run)")
     if command == "swarm":

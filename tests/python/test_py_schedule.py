@@ -19,6 +19,7 @@ def sched(steps, hosts=("a", "b"), **kw):
 BASIC = [{"op": "connect", "conn": "c0", "client": "a", "server": "b"},
          {"op": "recv", "conn": "c0", "side": "server", "n": 2},
          {"op": "post", "conn": "c0", "side": "client", "opcode": "SEND", "n": 2},
+         {"op": "wait", "ns": ms(1)},  # steps run at once: let the SENDs go before the close
          {"op": "disconnect", "conn": "c0", "side": "client"}]
 
 
@@ -62,7 +63,7 @@ def test_the_runner_records_each_step_and_tears_everything_down():
     with lab:
         out = Runner(lab, sched(BASIC)).run()
         hist = lab.history()
-    assert [r["result"] for r in out.results] == ["ok"] * 4 and out.hung is None
+    assert [r["result"] for r in out.results] == ["ok"] * 5 and out.hung is None
     assert out.results[0]["detail"] == "established"
     binds = [r for r in hist if r["kind"] == "schedule_bind"]
     assert {(r["data"]["conn"], r["data"]["side"]) for r in binds} == {("c0", "client"),
@@ -118,10 +119,15 @@ def test_verb_moment_fires_while_the_qp_is_destroyed():
         hist = lab.history()
     by_i = {r["i"]: r for r in out.results}
     assert by_i[1]["result"] == "ok" and by_i[2]["result"] == "ok"
+    # The moment fires at ibv_destroy_qp's entry: after the destroy step began, before the
+    # verb's own record (written when it returns), with the injected event in between.
     fired = next(r for r in hist if r["kind"] == "schedule_moment")
-    destroy = [r for r in hist if r["kind"] == "verb" and r["data"]["verb"] == "ibv_destroy_qp"
-               and r["host"] == "b"]
-    assert destroy and fired["seq"] > destroy[0]["seq"] - 1
+    began = next(r for r in hist if r["kind"] == "destroy_begin" and r["host"] == "b")
+    verb = next(r for r in hist if r["kind"] == "verb" and r["host"] == "b"
+                and r["data"]["verb"] == "ibv_destroy_qp")
+    injected = next(r for r in hist if r["kind"] == "fault" and r["host"] == "b"
+                    and "QP_FATAL" in str(r["data"]))
+    assert began["seq"] < fired["seq"] < injected["seq"] < verb["seq"]
 
 
 def test_draw_is_a_function_of_the_seed():

@@ -5,7 +5,7 @@ still fail the same way, and the same small schedule passes on the model without
 (so what the checkers caught is the defect, not the workload)."""
 import pytest
 
-import rdmalab
+from rdmalab.lab import MUTATIONS
 from rdmalab import shrink, swarm
 
 MAX_SEEDS = 3000
@@ -13,7 +13,7 @@ MAX_STEPS = 5
 PERSONALITIES = ["roce", "ib", "iwarp-siw"]
 
 
-@pytest.mark.parametrize("mutation", sorted(rdmalab.MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_the_swarm_finds_and_shrinks(mutation):
     done, failures = swarm.run_seeds(PERSONALITIES, first=1, count=MAX_SEEDS, workers=2,
                                      mutations=(mutation,), stop_at_first=True)

@@ -15,7 +15,8 @@ from typing import Iterable, Optional
 
 from .base import INVALID, UNKNOWN, VALID, Context, Problem, Result
 
-_ORDER = ("completions", "handlers", "cm_terminal", "cm_sequence", "leftovers", "bounded")
+_ORDER = ("completions", "handlers", "acks", "cm_terminal", "cm_sequence", "leftovers",
+          "bounded")
 
 
 def _load() -> list:
