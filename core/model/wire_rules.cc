@@ -63,17 +63,21 @@ bool is_terminate(std::string_view syndrome) {
 
 // RFC 5040 4.2: the RDMAP message a model data packet is on an iWARP connection.
 std::optional<uint8_t> rdmap_of(const Packet& p) {
-  static const std::map<std::string, uint8_t, std::less<>> kRdmap = {
-      {"RDMA_WRITE_ONLY", 0x0},   {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", 0x0},
-      {"RDMA_READ_REQUEST", 0x1}, {"RDMA_READ_RESPONSE_ONLY", 0x2},
-      {"SEND_ONLY", 0x3},         {"SEND_ONLY_WITH_IMMEDIATE", 0x3}};
+  constexpr std::array<std::pair<std::string_view, uint8_t>, 6> kRdmap = {{
+      {"RDMA_WRITE_ONLY", 0x0},
+      {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", 0x0},
+      {"RDMA_READ_REQUEST", 0x1},
+      {"RDMA_READ_RESPONSE_ONLY", 0x2},
+      {"SEND_ONLY", 0x3},
+      {"SEND_ONLY_WITH_IMMEDIATE", 0x3},
+  }};
   if (p.opcode == "ACKNOWLEDGE") {
     if (is_terminate(p.syndrome)) return 0x7;
     return std::nullopt;
   }
-  const auto it = kRdmap.find(p.opcode);
-  if (it == kRdmap.end()) return std::nullopt;
-  return it->second;
+  for (const auto& [name, op] : kRdmap)
+    if (p.opcode == name) return op;
+  return std::nullopt;
 }
 
 // The iWARP CM's TCP segments (cm_iw.h IwWire kinds) and their flags: a RST is RST|ACK (Linux
