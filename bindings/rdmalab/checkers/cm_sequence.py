@@ -10,9 +10,16 @@ Three tables, each rule with the kernel or rdma-core source that makes it:
 Sources: Linux 6.1.192 and 7.2 drivers/infiniband/core/{cma.c,cm.c,iwcm.c,ucma.c}, rdma-core
 librdmacm/cma.c rdma_get_cm_event. The checker judges what happened, never completeness: an id
 may stop anywhere (process killed, host rebooted or lost, history ended); "every id reaches a
-terminal event" is another checker's rule.
+terminal event" is another checker's rule. A `history_lost` record (an agent lab could not fetch
+a dead agent's records) loses whole objects, never part of one: nothing to do for it.
 
-Scenarios call check_events(conn.events, transport=..., role=...) or drive EventSequence.
+Objects are keyed by (host, object, epoch): a host's epoch grows when it is back from a reboot
+(host_up on the model, host_back on agent labs), and a create record (rdma_create_id's verb,
+cm_create) starts its object anew. A passive rdma_cm id (cm_create with a listen_id) starts in
+CONNECT, every other object in IDLE; a cm_state record's `from` must be its object's last `to`.
+
+Scenarios call check_events(conn.events, transport=..., role=...), drive EventSequence, or
+check a state path with check_transitions(layer, states).
 """
 from __future__ import annotations
 
@@ -383,7 +390,6 @@ def check_transitions(layer: str, states: Iterable[str], *, initial: str = "IDLE
 
 
 # ---------------------------------------------------------------- the history checker
-_BACK = ("host_up", "host_back")  # a rebooted host is back: objects from now on are new
 
 
 def _inferred_transports(history: list) -> dict:
@@ -408,11 +414,11 @@ class _Run:
         self.reasons: dict = {}  # reason -> None (ordered set)
         self.transport: dict = {}
         self.inferred: Optional[dict] = None
-        self.epoch: dict = {}
-        self.lost: set = set()
+        self.epoch: dict = {}    # host -> reboots it came back from (host_up, host_back)
         self.seqs: dict = {}     # key -> [EventSequence or None (broken), last seq]
         self.states: dict = {}   # key -> [state or None (broken), last seq]
         self.passive: set = set()
+        self.judged = 0          # objects judged
 
     def transport_of(self, host: str) -> str:
         t = self.transport.get(host)
@@ -433,13 +439,33 @@ class _Run:
             self.transport[host] = t
         return t
 
+    def new_sequence(self, host: str) -> list:
+        self.judged += 1
+        return [EventSequence(self.transport_of(host)), None]
+
+    def created(self, host: str, obj: str, layer, passive: bool) -> None:
+        """A create record: the object starts anew (a label may come again after a reboot)."""
+        ep = self.epoch.get(host, 0)
+        self.states.pop((host, obj, layer, ep), None)
+        if layer == "rdma_cm":
+            self.seqs.pop((host, obj, ep), None)
+            (self.passive.add if passive else self.passive.discard)((host, obj, ep))
+
+    def listening(self, host: str, obj: str) -> None:
+        key = (host, obj, self.epoch.get(host, 0))
+        entry = self.seqs.get(key)
+        if entry is None:
+            entry = self.seqs[key] = self.new_sequence(host)
+        if entry[0] is not None and entry[0].phase in _RESOLVING:
+            entry[0].phase = "listening"
+
     def on_event(self, r: dict, host: str, obj: str, data: dict) -> None:
         if not obj.startswith("cm_id:"):
             return  # an event the channel could not match to an id (device labs)
         key = (host, obj, self.epoch.get(host, 0))
         entry = self.seqs.get(key)
         if entry is None:
-            entry = self.seqs[key] = [EventSequence(self.transport_of(host)), None]
+            entry = self.seqs[key] = self.new_sequence(host)
         seq = entry[0]
         if seq is None:
             return
@@ -468,6 +494,7 @@ class _Run:
             start = "CONNECT" if layer == "rdma_cm" and (host, obj, ep) in self.passive \
                 else "IDLE"
             entry = self.states[key] = [start, None]
+            self.judged += 1
         cur = entry[0]
         if cur is None:
             return
@@ -492,15 +519,11 @@ class _Run:
             entry[0] = None
 
     def run(self) -> Result:
-        lost = self.lost
         for r in self.history:
             kind = r.get("kind")
-            if kind not in ("cm_event", "cm_state", "cm_create", "verb", "host_up", "host_back",
-                            "history_lost"):
+            if kind not in ("cm_event", "cm_state", "cm_create", "verb", "host_up", "host_back"):
                 continue
             host = r.get("host", "")
-            if host in lost or "" in lost:
-                continue
             data = r.get("data")
             if not isinstance(data, dict):
                 self.res.fail(f"{kind} record whose data is not an object: {data!r}",
@@ -512,24 +535,18 @@ class _Run:
             elif kind == "cm_state":
                 self.on_state(r, host, obj, data)
             elif kind == "cm_create":
-                if data.get("layer") == "rdma_cm" and data.get("listen_id"):
-                    self.passive.add((host, obj, self.epoch.get(host, 0)))
+                layer = data.get("layer")
+                self.created(host, obj, layer, layer == "rdma_cm" and bool(data.get("listen_id")))
             elif kind == "verb":
-                if data.get("verb") == "rdma_listen":
-                    entry = self.seqs.get((host, obj, self.epoch.get(host, 0)))
-                    if entry is None:
-                        entry = self.seqs[(host, obj, self.epoch.get(host, 0))] = \
-                            [EventSequence(self.transport_of(host)), None]
-                    if entry[0] is not None and entry[0].phase in _RESOLVING:
-                        entry[0].phase = "listening"
-            elif kind == "history_lost":
-                lost.add(host)
-                self.reasons[f"host {host or '(all)'!s} lost records (history_lost, seq "
-                             f"{r.get('seq')}): its later records not judged"] = None
+                verb = data.get("verb")
+                if verb == "rdma_create_id":
+                    self.created(host, obj, "rdma_cm", False)
+                elif verb == "rdma_listen":
+                    self.listening(host, obj)
             else:
                 self.epoch[host] = self.epoch.get(host, 0) + 1
         res = self.res
-        res.checked = len(self.seqs) + len(self.states)
+        res.checked = self.judged
         if self.reasons:
             res.reason = "; ".join(self.reasons)
             if res.verdict == VALID:
