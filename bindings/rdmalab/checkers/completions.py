@@ -27,7 +27,9 @@ order); one with neither is neither judged nor unknown.
 Unknown, with the reason, for a WR with no completion when: its QP was destroyed (verb,
 lab close), moved to RESET (WRs are removed without completions), its process was killed,
 its host rebooted or was lost, its device died (no flush from a dead device), it still sat in
-its SRQ, or the history ended (or, on a device, no wc was polled for it).
+its SRQ, or the history ended (or, on a device, no wc was polled for it). On a device a
+receive completion with no post on a QP that had no receives of its own is unknown too: the
+verbs backend records no SRQ post (core/verbs/objects.cc VerbsSrq::post_recv).
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class _Wr:
 
 class _Queue:
     """One QP's (or SRQ's) outstanding WRs and what it has settled."""
-    __slots__ = ("pending", "unsig", "done", "err_t", "dead", "srq")
+    __slots__ = ("pending", "unsig", "done", "err_t", "dead", "srq", "rq")
 
     def __init__(self, srq: bool = False):
         self.pending: dict = {}    # wr_id -> [_Wr] in posting order
@@ -63,6 +65,7 @@ class _Queue:
         self.err_t = None          # t_ns it entered ERR, while in ERR
         self.dead = False          # its device died: no flush will come
         self.srq = srq
+        self.rq = False            # receives were posted to it (not an SRQ's QP)
 
 
 class _Check:
@@ -72,7 +75,7 @@ class _Check:
         self.q: dict = {}            # (host, object) -> _Queue
         self.qpn: dict = {}          # (host, qp_num) -> latest QP object
         self.srqs: dict = {}         # host -> [srq object]
-        self.early: dict = {}        # device: (key, wr_id) -> wc seq seen before its post
+        self.early: dict = {}        # device: (key, wr_id) -> (wc seq, receive?) before a post
         self.killed_hosts: set = set()
         self.reboot_t: dict = {}     # host -> t_ns of its last reboot
         self.unknown: list = []      # (reason, _Wr)
@@ -116,7 +119,7 @@ class _Check:
         if self.early:
             early = self.early.pop((key, wr_id), None)
             if early is not None:      # a device's poll beat the post's record
-                w.done = q.done[wr_id] = early
+                w.done = q.done[wr_id] = early[0]
                 return
         lst = q.pending.get(wr_id)
         if lst is None:
@@ -125,6 +128,8 @@ class _Check:
             lst.append(w)
         if not w.signaled:
             q.unsig.append(w)
+        elif w.queue == "recv":
+            q.rq = True
 
     def on_wc(self, r):
         d = r["data"]
@@ -199,7 +204,7 @@ class _Check:
                           f"{r['data'].get('status')} after record {before})",
                           (before, seq), **where)
         elif not self.model:
-            self.early[(key, wr_id)] = seq
+            self.early[(key, wr_id)] = (seq, str(r["data"].get("opcode", "")).startswith("RECV"))
         else:
             self.res.fail(f"{r['kind']} for wr_id {wr_id}, which was never posted "
                           f"(status {r['data'].get('status')})", (seq,), **where)
@@ -321,10 +326,17 @@ class _Check:
 
     def finish(self) -> None:
         res = self.res
-        for seq_key, seq in self.early.items():
-            (host, obj), wr_id = seq_key
-            res.fail(f"wc for wr_id {wr_id}, which was never posted", (seq,), host=host,
-                     object=obj)
+        for (key, wr_id), (seq, recv) in self.early.items():
+            q = self.q.get(key)
+            if recv and (q is None or not q.rq):
+                # A QP with no receives of its own takes them from an SRQ, and the verbs
+                # backend records no SRQ post (core/verbs/objects.cc VerbsSrq::post_recv).
+                self.unknown.append(("a receive completion with no post record (a device "
+                                     "history has no SRQ posts)",
+                                     _Wr(seq, 0, "recv", True, wr_id, key)))
+                continue
+            res.fail(f"wc for wr_id {wr_id}, which was never posted", (seq,), host=key[0],
+                     object=key[1])
         for (host, _), q in self.q.items():
             if q.srq:
                 why = "still in its SRQ at the end of the history"
