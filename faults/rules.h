@@ -1,5 +1,6 @@
-// The wire-fault rule language, one JSON object per rule; the model's fabric uses the same match
-// keys (bindings/rdmalab/faults.py). A rule matches a frame when every key it names matches:
+// The wire-fault rule language, one JSON object per rule; the model's fabric applies the same
+// RuleSet to the frame each of its packets stands for (core/model/wire_rules.h). A rule matches a
+// frame when every key it names matches:
 //
 //   proto        "roce" | "tcp" | "iwarp" (MPA request/reply or FPDUs) | "any"
 //   src_host, dst_host   names bound to a MAC and/or an IP by {"op":"hosts"}; a frame is from a

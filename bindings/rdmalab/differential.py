@@ -20,15 +20,19 @@ def outcome(history: list[dict]) -> dict:
     """{"conn/side": {"events": [...], "wc": {wr_id: status}, "async": [...]},
     "steps": [[i, op, result, errno], ...]} from a runner's history."""
     by_id, by_qp, out = {}, {}, {"steps": []}
+    # The bindings first: on an agent lab the controller's bind record and the agent's first
+    # events of the id interleave by time, either way round.
     for r in history:
-        kind, d = r["kind"], r.get("data", {})
-        if kind == "schedule_bind":
+        if r["kind"] == "schedule_bind":
+            d = r["data"]
             key = f"{d['conn']}/{d['side']}"
             by_id[(r["host"], d["cm_id"])] = key
             if d.get("qp_num"):
                 by_qp[(r["host"], d["qp_num"])] = key
             out.setdefault(key, {"events": [], "wc": {}, "async": []})
-        elif kind == "schedule_step":
+    for r in history:
+        kind, d = r["kind"], r.get("data", {})
+        if kind == "schedule_step":
             out["steps"].append([d["i"], d["op"], d["result"], d.get("errno", "")])
         elif kind == "cm_event":
             key = by_id.get((r["host"], r["object"]))

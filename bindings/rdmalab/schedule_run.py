@@ -316,12 +316,9 @@ class Runner:
 
     def _op_destroy(self, st: dict) -> str:
         side = self._sideof(st)
-        if side.holding:  # an event read and not acked: rdma_destroy_id may not return
-            self._cm_id(st).destroy(self.destroy_ns)
-            side.closed = True
-            return "destroyed with an ack held"
-        self._close(side)
-        return ""
+        held = side.holding  # an event read and not acked: rdma_destroy_id may not return
+        self._close(side, release_acks=False)
+        return "destroyed with acks held" if held else ""
 
     def _op_async_event(self, st: dict) -> str:
         side = self._sideof(st)
@@ -375,7 +372,24 @@ class Runner:
 
     def _op_wait(self, st: dict) -> str:
         self.lab.sleep(st["ns"])
+        self._poll_all()
         return ""
+
+    def _poll_all(self) -> None:
+        """Reads every live side's completions: a device records a completion when it is
+        polled (the model when it is made), so an application that polls is what makes the
+        two histories comparable."""
+        for side in self._sides():
+            self._poll(side)
+
+    def _poll(self, side: Side) -> None:
+        if side.closed or side.player is None:
+            return
+        try:
+            while side.player.poll(32):
+                pass
+        except Error:
+            pass
 
     # -- objects
     def _process(self, host: str, name: str):
@@ -451,22 +465,24 @@ class Runner:
         self.next_wr += 1
         return n
 
-    def _close(self, side: Side) -> None:
+    def _close(self, side: Side, release_acks: bool = True) -> None:
+        """Destroys a side (through its dispatcher, then the id with its QP, CQ, MR and PD).
+        Closed only once it is: a moment inside the destroy still sees a live side, and a
+        destroy refused (EBUSY: acks held) is retried at teardown."""
         if side.closed:
             return
-        try:  # closed only once it is: a moment inside the destroy still sees a live side
-            if side.holding:
-                self._channel(side).release_acks(side.cm_id)
-                side.holding = False
-            d = self.dispatchers.get((side.host, side.process))
-            if d is not None and side.player is not None and not side.player.qp.destroyed:
-                d.destroy(side.player.qp, self.destroy_ns)  # waits for a running handler
-            if side.player is not None:
-                side.player.close(self.destroy_ns)
-            elif side.cm_id is not None and not side.cm_id.destroyed:
-                side.cm_id.destroy(self.destroy_ns)
-        finally:
-            side.closed = True
+        self._poll(side)
+        if side.holding and release_acks:
+            self._channel(side).release_acks(side.cm_id)
+            side.holding = False
+        d = self.dispatchers.get((side.host, side.process))
+        if d is not None and side.player is not None and not side.player.qp.destroyed:
+            d.destroy(side.player.qp, self.destroy_ns)  # waits for a running handler
+        if side.player is not None:
+            side.player.close(self.destroy_ns)
+        elif side.cm_id is not None and not side.cm_id.destroyed:
+            side.cm_id.destroy(self.destroy_ns)
+        side.closed = True
 
     # -- the end
     def _teardown(self) -> None:
@@ -475,6 +491,7 @@ class Runner:
         try:
             if not self.hung:
                 self.lab.sleep(self.settle_ns)
+            self._poll_all()
             for side in self._sides():
                 try:
                     self._close(side)
