@@ -73,6 +73,18 @@ def test_rules_that_differ_between_ib_and_iwarp():
     assert "never on iWARP (cma_iw_handler has no CONNECT_RESPONSE)" in p
 
 
+def test_roce_neighbour_change_may_report_unreachable_to_an_active_id_at_any_time():
+    events = ACTIVE[:2] + ["UNREACHABLE", "ESTABLISHED", "UNREACHABLE", "DISCONNECTED",
+                           "UNREACHABLE", "TIMEWAIT_EXIT", "UNREACHABLE"]
+    assert cs.check_events(events, transport="RoCE") == []  # cma_netevent_callback
+    assert one(cs.check_events(events, transport="IB")).startswith(
+        "event 3: rdma_cm ESTABLISHED after UNREACHABLE is not legal on IB")
+    p = one(cs.check_events(PASSIVE[:2] + ["UNREACHABLE"], transport="RoCE"))
+    assert p.startswith("event 2: rdma_cm UNREACHABLE after ESTABLISHED is not legal on RoCE")
+    assert "legal next: ADDR_CHANGE, DEVICE_REMOVAL, DISCONNECTED, MULTICAST_ERROR, " \
+           "MULTICAST_JOIN, REJECTED, USER" in p
+
+
 def test_roles():
     p = one(cs.check_events(["ADDR_RESOLVED"], transport="IB", role="passive"))
     assert p.startswith("event 0: rdma_cm ADDR_RESOLVED as the first event (incoming) is not")
@@ -245,10 +257,11 @@ def test_history_malformed_records_are_problems_not_crashes():
     h = H().add("cm_event", event=None).add("cm_state", obj="ib_cm:1", layer="ib_cm", to="X")
     h.records.append({"seq": 2, "host": "a", "object": "cm_id:3", "kind": "cm_event",
                       "data": "ESTABLISHED"})
+    h.records.append("ESTABLISHED")
     res = cs.check(h.records, IB_CTX)
     assert [p.rule.split(":")[0] for p in res.problems] == \
         ["cm_event record without an event name", "ib_cm", "cm_event record whose data is not an "
-         "object"]
+         "object", "history entry 3 is not a record (a dict)"]
 
 
 def test_history_transport_from_ctx_or_layers_or_unknown():

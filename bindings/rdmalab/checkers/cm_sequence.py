@@ -2,8 +2,9 @@
 record is a transition of its kernel state machine (issue 17, item 4).
 
 Three tables, each rule with the kernel or rdma-core source that makes it:
-  1. EVENT_RULES: the rdma_cm events of one id as the user reads them (`cm_event` records,
-     object "cm_id:N"), per transport (IB and RoCE share drivers/infiniband/core/cm.c; iWARP
+  1. EVENT_RULES: the rdma_cm events of one RC id (RDMA_PS_TCP; UD's SIDR path is not
+     modelled) as the user reads them (`cm_event` records, object "cm_id:N"), per transport
+     (IB and RoCE share drivers/infiniband/core/cm.c, RoCE adds cma.c's neighbour watch; iWARP
      goes through iwcm.c). The phases are what the user has seen so far, not kernel states.
   2. IB_CM_TRANSITIONS: `cm_state` records of layer "ib_cm" (cm.c, enum ib_cm_state).
   3. IW_CM_TRANSITIONS and RDMA_CM_TRANSITIONS: layers "iw_cm" (iwcm.c) and "rdma_cm" (cma.c).
@@ -93,6 +94,12 @@ EVENT_RULES: tuple = (
     # to DISCONNECTED and has no TIMEWAIT_EXIT at all.
     (("connected",), "DISCONNECTED", "closed", _IW),
 )
+# RoCE only: an active id whose route cma_resolve_iboe_route resolved sits in cma.c's id_table;
+# cma_netevent_callback queues UNREACHABLE(-ETIMEDOUT) for it (cma_netevent_work_handler) when
+# the peer's neighbour entry changes MAC, in any state but DESTROYING/DEVICE_REMOVAL, as often
+# as that happens, and nothing else changes. So on RoCE an active id's UNREACHABLE may come at
+# any point after ROUTE_RESOLVED without ending anything (a REQ_ERROR one cannot be told apart).
+_NETEVENT_PHASES = ("route_resolved", "connected", "disconnected", "closed", "failed")
 _PHASES = ("new", "incoming", "idle", "addr_resolved", "addrinfo_resolved", "route_resolved",
            "requested", "connected", "failed", "disconnected", "closed", "listening", "removed")
 # Any phase but removed: ADDR_CHANGE (cma_netdev_change via cma_work_handler), MULTICAST_JOIN/
@@ -119,6 +126,10 @@ _WHY = {  # the rule an event breaks, named in the problem: (IB family, iWARP)
                     "(passive)",) * 2,
     "CONNECT_REQUEST": ("CONNECT_REQUEST is only the first event of the id it creates "
                         "(cma_ib_req_handler, iw_conn_req_handler)",) * 2,
+    "UNREACHABLE": ("UNREACHABLE ends a connect or accept (REQ_ERROR, REP_ERROR); on RoCE an "
+                    "active id may also get it later from a neighbour change "
+                    "(cma_netevent_callback)", "UNREACHABLE ends a connect (cma_iw_handler "
+                    "CONNECT_REPLY -ETIMEDOUT)"),
     "CONNECT_RESPONSE": ("CONNECT_RESPONSE answers rdma_connect of an id without a QP "
                          "(cma_ib_handler REP_RECEIVED)",
                          "never on iWARP (cma_iw_handler has no CONNECT_RESPONSE)"),
@@ -127,13 +138,16 @@ _WHY = {  # the rule an event breaks, named in the problem: (IB family, iWARP)
 
 def _build_event_tables() -> dict:
     tables = {}
-    for transport in ("IB", "iWARP", ""):  # "": transport unknown, the union (IB first)
+    for transport in ("IB", "RoCE", "iWARP", ""):  # "": transport unknown, the union (IB first)
         t = {p: {} for p in _PHASES}
         for phases, event, nxt, transports in EVENT_RULES:
             if transport and transport not in transports:
                 continue
             for p in phases:
                 t[p].setdefault(event, nxt)
+        if transport in ("RoCE", ""):
+            for p in _NETEVENT_PHASES:
+                t[p]["UNREACHABLE"] = p
         for p in _PHASES:
             if p != "removed":
                 for event in _ANYTIME:
@@ -141,7 +155,6 @@ def _build_event_tables() -> dict:
                 t[p]["DEVICE_REMOVAL"] = "removed"
             t[p]["USER"] = p
         tables[transport] = t
-    tables["RoCE"] = tables["IB"]
     return tables
 
 
@@ -165,10 +178,12 @@ class EventSequence:
         self._table = _EVENT_TABLES[self.transport]
         self.phase = _START[role]
         self.last = ""  # the last event accepted
+        self.passive = role == "passive"
 
     def expected(self) -> list[str]:
         """The events legal next."""
-        return sorted(self._table[self.phase])
+        return sorted(e for e, nxt in self._table[self.phase].items()
+                      if not (self.passive and e == "UNREACHABLE" and nxt == self.phase))
 
     @property
     def ended(self) -> bool:
@@ -181,6 +196,8 @@ class EventSequence:
             return f"unknown rdma_cm event {event!r} (rdma_cma.h enum rdma_cm_event_type)"
         nxt = self._table[self.phase].get(event)
         on = self.transport or "an unknown transport"
+        if nxt == self.phase and event == "UNREACHABLE" and self.passive:
+            nxt = None  # the RoCE neighbour rule: passive ids are not in cma.c's id_table
         if nxt is None:
             after = f"after {self.last}" if self.last else f"as the first event ({self.phase})"
             why = _WHY.get(event, ("", ""))[self.transport == "iWARP"]
@@ -198,6 +215,7 @@ class EventSequence:
                 return f"rdma_cm {event} with status 0: cma.c reports the failure's errno " \
                        f"or REJ reason"
         self.phase, self.last = nxt, event
+        self.passive = self.passive or event == "CONNECT_REQUEST"
         return None
 
 
@@ -519,7 +537,10 @@ class _Run:
             entry[0] = None
 
     def run(self) -> Result:
-        for r in self.history:
+        for i, r in enumerate(self.history):
+            if not isinstance(r, dict):
+                self.res.fail(f"history entry {i} is not a record (a dict): {r!r}")
+                continue
             kind = r.get("kind")
             if kind not in ("cm_event", "cm_state", "cm_create", "verb", "host_up", "host_back"):
                 continue
