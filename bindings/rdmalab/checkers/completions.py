@@ -40,9 +40,8 @@ FLUSH_GRACE_NS = 1_000_000   # the model flushes at once; 1 ms of virtual time i
 
 _KINDS = frozenset({"qp_state", "verb", "destroyed_by_kill",
                     "destroyed_by_close", "fault", "host_lost", "process_crash",
-                    "device_disassociate", "device_removed", "device_added"})
+                    "device_disassociate", "device_removed"})
 _DESTROY_VERBS = frozenset({"ibv_destroy_qp", "ibv_destroy_srq"})
-_DEVICE_DEAD = frozenset({"device_disassociate", "device_removed"})
 
 
 class _Wr:
@@ -279,9 +278,6 @@ class _Check:
         self.device_dead(r)
 
     on_device_removed = on_device_disassociate
-
-    def on_device_added(self, r, d):
-        pass
 
     def host_gone(self, r: dict, why: str) -> None:
         host = r["host"]
