@@ -10,6 +10,7 @@ registry"): suspect the model first.
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 from typing import Optional
 
@@ -82,7 +83,7 @@ def _step(s: Optional[list]) -> str:
 def write_candidate(out: pathlib.Path, schedule: Schedule, lab: str, diffs: list[str],
                     model_history: list, device_history: list) -> pathlib.Path:
     """out/<lab>-seed<seed>/: schedule.json, model.jsonl, device.jsonl, differences.txt."""
-    d = out / f"{lab.replace(':', '-')}-seed{schedule.seed}"
+    d = out / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', lab)}-seed{schedule.seed}"
     d.mkdir(parents=True, exist_ok=True)
     schedule.dump(d / "schedule.json")
     for name, hist in (("model.jsonl", model_history), ("device.jsonl", device_history)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pathlib
 
 import pytest
@@ -29,7 +30,7 @@ def test_schedule(lab, lab_spec, path):
     schedule = Schedule.load(path)
     lab.fresh_hosts(*schedule.hosts)
     r = check_run(lab, schedule, lab.description or "", keep_history=True)
-    column = lab_spec.option.replace(":", "-")   # the CLI's --lab, as it reads it back
+    column = re.sub(r"[^A-Za-z0-9_.-]", "_", lab_spec.option)  # swarm_cli.column
     out = pathlib.Path(os.environ["RDMALAB_SCHEDULE_OUT"]) / column
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{path.stem}.json").write_text(json.dumps(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -68,6 +69,11 @@ def model_personalities(lab: str) -> Optional[list[str]]:
     if bad:
         raise ScheduleError(f"--lab {lab}: unknown personality {bad}; known: {', '.join(every)}")
     return chosen
+
+
+def column(lab: str) -> str:
+    """A lab option as a folder name (schedule_scenario writes its results there)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", lab)
 
 
 def twin(lab: str) -> str:
@@ -194,7 +200,8 @@ def replay(args) -> int:
         for p in pers:
             rc = max(rc, replay_model(schedule, p, args.mutation))
     if devices:
-        rc = max(rc, compare(args, devices, [pathlib.Path(args.file)], out))
+        oracle = next((pers[0] for _, pers in labs if pers), None)
+        rc = max(rc, compare(args, devices, [pathlib.Path(args.file)], out, oracle))
     return rc
 
 
@@ -208,16 +215,18 @@ def replay_model(schedule: Schedule, p: str, mutations: list[str]) -> int:
     return 1 if r.failed else 0
 
 
-def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path) -> int:
-    """Each schedule on the device labs (pytest) and on the twin model here; prints and writes
-    the differences."""
+def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
+            oracle: Optional[str] = None) -> int:
+    """Each schedule on the device labs (pytest) and on the model here (the personality given
+    with --lab model:P, else the device's twin); prints and writes the differences."""
     from . import differential, swarm as sw
     labs = [labs] if isinstance(labs, str) else labs
     results = out / "device"
     rc = run_devices(args, labs, paths, results)
     n_div = 0
     for lab in labs:
-        col = results / lab.replace(":", "-")
+        col = results / column(lab)
+        p = oracle or twin(lab)
         for path in paths:
             s = Schedule.load(path)
             got = col / f"{path.stem}.json"
@@ -226,11 +235,11 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path) -> int:
                 rc = 1
                 continue
             dev = json.loads(got.read_text())
-            model = sw.run_on_model(s, twin(lab), tuple(args.mutation), keep_history=True)
+            model = sw.run_on_model(s, p, tuple(args.mutation), keep_history=True)
             diffs = differential.differences(differential.outcome(model.history),
                                              differential.outcome(dev["history"]))
             state = "FAILED " + ", ".join(dev["signature"]) if dev["signature"] else "valid"
-            print(f"{lab} {path.name}: device {state}; model:{twin(lab)} "
+            print(f"{lab} {path.name}: device {state}; model:{p} "
                   f"{'FAILED ' + ', '.join(model.signature) if model.failed else 'valid'}; "
                   f"{len(diffs)} difference(s)")
             for line in diffs[:15]:
