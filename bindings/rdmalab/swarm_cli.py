@@ -239,12 +239,16 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
             diffs = differential.differences(differential.outcome(model.history),
                                              differential.outcome(dev["history"]))
             state = "FAILED " + ", ".join(dev["signature"]) if dev["signature"] else "valid"
+            real = differential.candidates(diffs)
             print(f"{lab} {path.name}: device {state}; model:{p} "
                   f"{'FAILED ' + ', '.join(model.signature) if model.failed else 'valid'}; "
-                  f"{len(diffs)} difference(s)")
+                  f"{len(real)} difference(s)"
+                  + (f", {len(diffs) - len(real)} timing" if len(diffs) > len(real) else ""))
             for line in diffs[:15]:
                 print(f"  {line}")
-            if diffs:
+            if dev["signature"]:
+                rc = 1
+            if real:
                 n_div += 1
                 where = differential.write_candidate(out / "candidates", s, lab, diffs,
                                                      model.history, dev["history"])

@@ -1,0 +1,57 @@
+"""Model against device for one schedule (rdmalab.differential): outcomes keyed by the
+schedule's names, what is compared and what is not."""
+from rdmalab import differential as df
+
+
+def rec(seq, host, obj, kind, **data):
+    return {"seq": seq, "t_ns": seq, "host": host, "object": obj, "kind": kind, "data": data}
+
+
+def history(events_b, wc_status="SUCCESS", wc_opcode="RECV", after_teardown=()):
+    h = [rec(1, "", "schedule", "schedule_step", i=0, op="connect", result="ok"),
+         # the device's event may come before the controller's bind record
+         rec(2, "b", "cm_id:7", "cm_event", event="CONNECT_REQUEST", status=0),
+         rec(3, "b", "schedule", "schedule_bind", conn="c0", side="server", process="p0",
+             cm_id="cm_id:7", qp_num=17)]
+    seq = 4
+    for name, status in events_b:
+        h.append(rec(seq, "b", "cm_id:7", "cm_event", event=name, status=status))
+        seq += 1
+    h.append(rec(seq, "b", "qp:3", "wc", qp_num=17, wr_id=5, opcode=wc_opcode,
+                 status=wc_status))
+    h.append(rec(seq + 1, "", "schedule", "teardown_begin"))
+    for i, (name, status) in enumerate(after_teardown):
+        h.append(rec(seq + 2 + i, "b", "cm_id:7", "cm_event", event=name, status=status))
+    return h
+
+
+def test_outcome_keys_by_the_schedule_and_binds_before_it_maps():
+    out = df.outcome(history([("ESTABLISHED", 0)]))
+    assert out["c0/server"]["events"] == ["CONNECT_REQUEST(0)", "ESTABLISHED(0)"]
+    assert out["c0/server"]["wc"] == {"5": "RECV:SUCCESS"}
+    assert out["steps"] == [[0, "connect", "ok", ""]]
+
+
+def test_events_after_teardown_begin_are_not_compared():
+    a = df.outcome(history([("ESTABLISHED", 0)]))
+    b = df.outcome(history([("ESTABLISHED", 0)], after_teardown=[("DISCONNECTED", 0)]))
+    assert df.differences(a, b) == []
+
+
+def test_an_error_completion_is_its_status_alone():
+    a = df.outcome(history([], "WR_FLUSH_ERR", "RECV"))
+    b = df.outcome(history([], "WR_FLUSH_ERR", "SEND"))  # opcode not valid (ibv_poll_cq(3))
+    assert df.differences(a, b) == []
+
+
+def test_success_against_flush_is_timing_and_a_status_is_a_candidate():
+    a = df.outcome(history([("ESTABLISHED", 0)], "WR_FLUSH_ERR"))
+    b = df.outcome(history([("ESTABLISHED", 0)], "SUCCESS"))
+    diffs = df.differences(a, b)
+    assert diffs == ["timing: c0/server wr 5: model WR_FLUSH_ERR, device RECV:SUCCESS"]
+    assert df.candidates(diffs) == []
+    c = df.outcome(history([("ESTABLISHED", 0), ("DISCONNECTED", 0)], "WR_RETRY_EXC_ERR"))
+    diffs = df.differences(a, c)
+    assert df.candidates(diffs) == diffs and len(diffs) == 2
+    assert "c0/server events: model ['CONNECT_REQUEST(0)', 'ESTABLISHED(0)'], device " \
+           "['CONNECT_REQUEST(0)', 'ESTABLISHED(0)', 'DISCONNECTED(0)']" in diffs
