@@ -3,6 +3,7 @@
 // processes them in order (cm_work_handler); only CLOSE reaches the user on a disconnect.
 #include "model/cm_iw.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "model/device.h"
@@ -199,11 +200,13 @@ void IwCm::process(Ep& ep, const IwCmEvent& ev) {
     case IwCmEventType::CONNECT_REQUEST:  // cm_conn_req_handler, on the listener
       if (ep.state != IwCmState::LISTEN) return destroy_id(ev.id);
       break;
-    case IwCmEventType::CONNECT_REPLY:  // cm_conn_rep_handler
+    case IwCmEventType::CONNECT_REPLY:  // cm_conn_rep_handler: clears IWCM_F_CONNECT_WAIT
+      ep.connect_wait = false;
       if (ep.state != IwCmState::CONN_SENT) return;
       set_state(ep, ev.status == 0 ? IwCmState::ESTABLISHED : IwCmState::IDLE);
       break;
-    case IwCmEventType::ESTABLISHED:  // cm_conn_est_handler
+    case IwCmEventType::ESTABLISHED:  // cm_conn_est_handler: clears IWCM_F_CONNECT_WAIT
+      ep.connect_wait = false;
       if (ep.state != IwCmState::CONN_RECV) return;
       set_state(ep, IwCmState::ESTABLISHED);
       break;
@@ -214,6 +217,10 @@ void IwCm::process(Ep& ep, const IwCmEvent& ev) {
       if (ep.state != IwCmState::ESTABLISHED && ep.state != IwCmState::CLOSING) return;
       set_state(ep, IwCmState::IDLE);
       break;
+  }
+  if (ep.destroy_pending) {  // the wait of a destroy that could not block ends here
+    if (!ep.connect_wait) finish_destroy(ep);
+    return;
   }
   if (ep.handler) {
     Handler h = ep.handler;
@@ -322,7 +329,7 @@ void IwCm::on_rst(Ep& ep) {
     return;
   }
   if (!ep.connected) {  // our MPA request met no listener
-    if (ep.state != IwCmState::CONN_SENT && ep.state != IwCmState::DESTROYING) return;
+    if (ep.state != IwCmState::CONN_SENT) return;
     IwCmEvent ev;
     ev.type = IwCmEventType::CONNECT_REPLY;
     ev.status = -ECONNREFUSED;
@@ -436,12 +443,14 @@ void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCo
   ep.remote_host = dst_host;
   ep.port = port;
   set_state(ep, IwCmState::CONN_SENT);
+  ep.connect_wait = true;
   if (dev_.caps.connect_is_synchronous) {
     const int rv = tcp_connect(id);
     Ep* again = find(id);
     if (rv != 0) {  // iw_cm_connect fails: IDLE; cma_connect_iw destroys the iw id
       if (again) {
         again->qp.reset();
+        again->connect_wait = false;
         set_state(*again, IwCmState::IDLE);
       }
       throw Error("iw_cm_connect", -rv, rv == -ETIMEDOUT
@@ -498,6 +507,7 @@ void IwCm::accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_d
   if (ep.state != IwCmState::CONN_RECV) throw Error("iw_cm_accept", EINVAL, to_string(ep.state));
   if (!ep.connected) throw Error("iw_cm_accept", ECONNRESET, "the peer aborted");
   ep.qp = qp ? qp->shared_from_this() : nullptr;
+  ep.connect_wait = true;  // until the provider's ESTABLISHED is processed
   establish_qp(ep);
   IwWire w = wire("MPA_REPLY");
   w.qpn = qp ? qp->qpn : 0;
@@ -550,13 +560,71 @@ void IwCm::disconnect(uint32_t id, bool abrupt) {
   arm_close(ep);
 }
 
-// iw_destroy_cm_id: DESTROYING at once, queued events dropped, never waits.
-void IwCm::destroy_id(uint32_t id) {
-  Ep* p = find(id);
-  if (p == nullptr) return;
-  Ep& ep = *p;
+// iw_destroy_cm_id (iwcm.c destroy_cm_id, the same in 6.1.192 and 7.2.13): first
+// wait_event(connect_wait, !IWCM_F_CONNECT_WAIT), set by iw_cm_connect and iw_cm_accept and
+// cleared by cm_conn_rep_handler / cm_conn_est_handler, so the id is never destroyed in
+// CONN_SENT (destroy_cm_id BUG()s there): CONN_SENT -> ESTABLISHED or IDLE -> DESTROYING.
+void IwCm::destroy_id(uint32_t id, std::optional<TimeNs> deadline_ns) {
+  Ep* ep = find(id);
+  if (ep == nullptr || ep->destroy_pending || ep->state == IwCmState::DESTROYING) return;
+  if (ep->connect_wait && deadline_ns) await_connect(id, *deadline_ns);
+  ep = find(id);  // a reboot or a kill may have ended it meanwhile
+  if (ep == nullptr || ep->destroy_pending || ep->state == IwCmState::DESTROYING) return;
+  if (ep->connect_wait) {
+    // The caller cannot block (the model runs a kill inline; the kernel would block the
+    // exiting task's ucma_close here): the destroy ends when the event is processed, with the
+    // same states, and no callback reaches the caller meanwhile.
+    ep->destroy_pending = true;
+    ep->handler = nullptr;
+    env_.record(dev_.host, label(id), "cm_destroy_deferred",
+                {{"layer", "iw_cm"}, {"state", to_string(ep->state)}});
+    return;
+  }
+  finish_destroy(*ep);
+}
+
+// The provider always ends a connect: the synchronous TCP connect's SYN retries
+// ((2^(n+1) - 1) s), then the MPA timer (kIwTimeoutNs, rounded up on the timer wheel by less
+// than itself).
+TimeNs IwCm::connect_bound_ns() const {
+  const TimeNs syn_s = (TimeNs{2} << dev_.caps.tcp_syn_retries) - 1;
+  return syn_s * kNsPerSec + 2 * kIwTimeoutNs;
+}
+
+// The wait ends when the CONNECT_REPLY (MPA reply, reject, RST or the MPA timer) or the
+// accept's ESTABLISHED is processed. Its deadline is the later of the caller's and the
+// provider's bound: on a device rdma_destroy_id cannot return before connect_wait clears (up
+// to the MPA timeout), so a model that returned at an earlier caller's deadline would predict
+// what no device does. Past both (a model defect: nothing ends the connect) it records `hung`
+// with the dump, which the bounded checker reports, and the destroy is left pending.
+bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns) {
+  const TimeNs start = env_.runtime.now_ns();
+  const TimeNs bound = std::max(deadline_ns, start + connect_bound_ns());
+  env_.record(dev_.host, label(id), "cm_destroy_wait",
+              {{"layer", "iw_cm"}, {"state", to_string(find(id)->state)}});
+  const bool done = env_.runtime.wait_until(
+      [this, id] {
+        const Ep* e = find(id);
+        return e == nullptr || !e->connect_wait;
+      },
+      bound);
+  if (!done && env_.runtime.now_ns() >= bound && !env_.runtime.stopping()) {
+    env_.record(dev_.host, label(id), "hung",
+                {{"what", "iw_destroy_cm_id: connect_wait never cleared on " + label(id)},
+                 {"dump", dump()}});
+  }
+  return done;
+}
+
+void IwCm::finish_destroy(Ep& ep) {
+  const uint32_t id = ep.id;
   const IwCmState was = ep.state;
+  if (was == IwCmState::CONN_SENT || was == IwCmState::DESTROYING) {
+    throw Error("iw_destroy_cm_id", EINVAL,
+                label(id) + " in " + to_string(was) + ": destroy_cm_id BUG()s there");
+  }
   set_state(ep, IwCmState::DESTROYING);
+  ep.destroy_pending = false;
   ep.drop_events = true;
   ep.handler = nullptr;
   drop_work(ep);
@@ -570,11 +638,6 @@ void IwCm::destroy_id(uint32_t id) {
         w.reject = true;
         send(ep, std::move(w));
       }
-      ep.connected = false;
-      break;
-    case IwCmState::CONN_SENT:  // abort the attempt
-      ep.qp.reset();
-      if (!ep.connected) send(ep, wire("TCP_RST"));
       ep.connected = false;
       break;
     case IwCmState::ESTABLISHED:  // abrupt: QP to ERR, the provider resets the connection
@@ -601,6 +664,8 @@ std::string IwCm::dump() const {
   std::ostringstream out;
   for (const auto& [id, ep] : eps_) {
     out << "    " << label(id) << " " << to_string(ep->state) << (ep->connected ? " connected" : "")
+        << (ep->connect_wait ? " connect_wait" : "")
+        << (ep->destroy_pending ? " destroy_pending" : "")
         << (ep->fin_sent ? " fin_sent" : "") << (ep->fin_rcvd ? " fin_rcvd" : "") << " work "
         << ep->work.size();
     if (!ep->remote_host.empty()) out << " peer " << ep->remote_host << " qpn " << ep->remote_qpn;

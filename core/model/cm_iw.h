@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,11 @@ class IwCm {
   void accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_data);
   void reject(uint32_t id, const std::vector<uint8_t>& private_data);
   void disconnect(uint32_t id, bool abrupt);  // iw_cm_disconnect; EINVAL before ESTABLISHED
-  void destroy_id(uint32_t id);               // iw_destroy_cm_id; never waits
+  // iw_destroy_cm_id. While a connect or accept is in flight (IWCM_F_CONNECT_WAIT) it first
+  // waits until the CONNECT_REPLY or ESTABLISHED event moved the id on, as destroy_cm_id does:
+  // with a deadline_ns (rdma_destroy_id's), it blocks; without one (a kill, the model's own
+  // clean-up: callers that cannot block) it returns and the destroy ends when the event comes.
+  void destroy_id(uint32_t id, std::optional<TimeNs> deadline_ns = std::nullopt);
 
   IwCmState state(uint32_t id) const;
   size_t queued_events(uint32_t id) const;
@@ -89,7 +94,9 @@ class IwCm {
   struct Ep {  // the iw_cm_id and the provider endpoint (c4iw_ep, siw_cep) under it
     uint32_t id = 0;
     IwCmState state = IwCmState::IDLE;
-    bool drop_events = false;  // IWCM_F_DROP_EVENTS
+    bool drop_events = false;   // IWCM_F_DROP_EVENTS
+    bool connect_wait = false;  // IWCM_F_CONNECT_WAIT: iw_cm_connect / iw_cm_accept in flight
+    bool destroy_pending = false;  // destroyed by a caller that could not wait for connect_wait
     Handler handler;
     uint16_t port = 0;
     std::string remote_host;
@@ -135,6 +142,11 @@ class IwCm {
   void closed(Ep& ep, bool abort, int status);  // the endpoint is down: QP ERR, CLOSE upcall
   void released(Ep& ep);  // siw: CLOSE(0) at once, the socket released, the QP left CLOSING
   void drop_work(Ep& ep);
+  // destroy_cm_id's wait_event(connect_wait, ...); true when connect_wait cleared (or the id
+  // is gone).
+  bool await_connect(uint32_t id, TimeNs deadline_ns);
+  TimeNs connect_bound_ns() const;
+  void finish_destroy(Ep& ep);  // destroy_cm_id after the wait
   void maybe_free(uint32_t id);
   std::string label(uint32_t id) const { return "iw_cm:" + std::to_string(id); }
 

@@ -105,6 +105,82 @@ TEST_P(IwPers, PeerResetDisconnectsWithTheProvidersStatus) {
   EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
 }
 
+// The iw_cm state changes of host's ids, "FROM->TO", in order.
+std::vector<std::string> iw_transitions(ModelLab& lab, const std::string& host) {
+  std::vector<std::string> out;
+  for (const auto& r : lab.history().snapshot()) {
+    if (r.host == host && r.kind == "cm_state" && r.data.value("layer", "") == "iw_cm") {
+      out.push_back(r.data["from"].get<std::string>() + "->" + r.data["to"].get<std::string>());
+    }
+  }
+  return out;
+}
+
+// rdma_destroy_id while the MPA request is unanswered: iwcm.c destroy_cm_id waits on
+// connect_wait until the provider's MPA timer ends the connect (CONNECT_REPLY -ETIMEDOUT:
+// IDLE), past the caller's deadline, then IDLE -> DESTROYING; the user sees no event.
+TEST_P(IwPers, DestroyWhileConnSentWaitsForTheMpaTimeout) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();  // the MPA request went out, its timer armed
+  EXPECT_EQ(server.next().event, E::CONNECT_REQUEST);  // never accepted
+  client.id->destroy(lab->runtime().now_ns() + kNsPerSec);
+  EXPECT_EQ(lab->runtime().now_ns(), fires(t0, kIwTimeoutNs / kNsPerMs));
+  EXPECT_TRUE(client.id->destroyed());
+  EXPECT_EQ(iw_transitions(*lab, "b"),
+            (std::vector<std::string>{"IDLE->CONN_SENT", "CONN_SENT->IDLE", "IDLE->DESTROYING"}));
+  EXPECT_EQ(count_records(*lab, "cm_destroy_wait", "state", "CONN_SENT"), 1u);
+  EXPECT_EQ(count_records(*lab, "hung", "what", ""), 0u);
+  EXPECT_TRUE(client.quiet(kNsPerSec));
+}
+
+// rdma_destroy_id while the MPA reply is on the wire: destroy returns when it arrives
+// (CONN_SENT -> ESTABLISHED), then aborts the connection it made (ESTABLISHED -> DESTROYING,
+// QP to ERR, RST): the passive side sees ESTABLISHED, then DISCONNECTED.
+TEST_P(IwPers, DestroyWhileConnSentWaitsForTheMpaReply) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();  // its MPA reply reaches b one latency from now
+  const TimeNs t1 = lab->runtime().now_ns();
+  EXPECT_EQ(client.id->protocol_state(), "CONN_SENT");
+  client.id->destroy(t1);  // a deadline already reached: the kernel waits regardless
+  EXPECT_EQ(lab->runtime().now_ns(), t1 + kLatency);
+  EXPECT_EQ(iw_transitions(*lab, "b"), (std::vector<std::string>{
+                                           "IDLE->CONN_SENT", "CONN_SENT->ESTABLISHED",
+                                           "ESTABLISHED->DESTROYING"}));
+  EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
+  EXPECT_EQ(count_records(*lab, "cm_event_ignored", "iw_event", "CONNECT_REPLY"), 1u);
+  server.expect(E::ESTABLISHED, 0, t1 + kLatency);  // queued at t1, read now
+  server.expect(E::DISCONNECTED, GetParam() == "iwarp-siw" ? 0 : -ECONNRESET, t1 + 2 * kLatency);
+  EXPECT_TRUE(client.quiet(kNsPerSec));
+}
+
+// A kill cannot block in the model (it runs inline): the destroy of a connecting id is left
+// pending and ends with the same states when the CONNECT_REPLY comes.
+TEST_P(IwPers, KillWhileConnSentEndsTheDestroyAtTheReply) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();
+  const TimeNs t1 = lab->runtime().now_ns();
+  client.proc->kill();
+  EXPECT_EQ(lab->runtime().now_ns(), t1);
+  EXPECT_EQ(count_records(*lab, "cm_destroy_deferred", "state", "CONN_SENT"), 1u);
+  server.expect(E::ESTABLISHED, 0, t1);
+  server.expect(E::DISCONNECTED, GetParam() == "iwarp-siw" ? 0 : -ECONNRESET, t1 + 2 * kLatency);
+  EXPECT_EQ(iw_transitions(*lab, "b"), (std::vector<std::string>{
+                                           "IDLE->CONN_SENT", "CONN_SENT->ESTABLISHED",
+                                           "ESTABLISHED->DESTROYING"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
 
 TEST(IwCm, NoListenerIsRefused) {

@@ -268,15 +268,16 @@ void ModelCmId::destroy(TimeNs deadline_ns) {
     throw Error("rdma_destroy_id", EBUSY,
                 st_.label + ": " + std::to_string(n) + " events read and not acked");
   }
-  release(Release::kVerb);
+  release(Release::kVerb, deadline_ns);
 }
 
-void ModelCmId::release(Release why) {
+void ModelCmId::release(Release why, std::optional<TimeNs> deadline_ns) {
   if (!st_.live()) return;
   auto self = shared_from_this();
   set_state(RdmaCmState::DESTROYING);
   if (iwarp()) {
-    iw_destroy();
+    iw_destroy(deadline_ns);
+    if (!st_.live()) return;  // killed while iw_destroy_cm_id waited: ended there
   } else if (ib_id_) {
     ib().destroy_id(ib_id_);
   }

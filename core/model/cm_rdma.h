@@ -114,7 +114,9 @@ class ModelCmId final : public ModelObject<CmId>, public std::enable_shared_from
   void destroy(TimeNs deadline_ns) override;
 
   // --- model
-  void release(Release why);
+  // deadline_ns: rdma_destroy_id's, for an iWARP id that must wait for its connect (IwCm::
+  // destroy_id); none where the caller cannot block (a kill, an unread CONNECT_REQUEST).
+  void release(Release why, std::optional<TimeNs> deadline_ns = std::nullopt);
   RdmaCmState state() const { return state_; }
   bool iwarp() const;
   std::string dump() const;
@@ -149,7 +151,7 @@ class ModelCmId final : public ModelObject<CmId>, public std::enable_shared_from
   void iw_accept();
   void iw_reject();
   void iw_disconnect();
-  void iw_destroy();
+  void iw_destroy(std::optional<TimeNs> deadline_ns);
   void on_iw_event(const IwCmEvent& ev);
 
   ModelCmEventChannel& ch_;

@@ -88,8 +88,9 @@ void ModelCmId::iw_disconnect() {
   }
 }
 
-void ModelCmId::iw_destroy() {
-  if (iw_id_) iw().destroy_id(iw_id_);
+// cma's state is DESTROYING first: a CONNECT_REPLY while iw_destroy_cm_id waits is ignored.
+void ModelCmId::iw_destroy(std::optional<TimeNs> deadline_ns) {
+  if (iw_id_) iw().destroy_id(iw_id_, deadline_ns);
 }
 
 // cma_iw_handler (events only in CONNECT) and iw_conn_req_handler on the listener.
