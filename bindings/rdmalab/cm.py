@@ -255,9 +255,10 @@ class CmChannel:
             return
         for listener in [i for i in self._ids.values() if i.role == "listener"]:
             for ev in listener.event_list():  # requests nobody took with wait_request
-                o = self._o.cm_id(ev.id) if ev.event == "CONNECT_REQUEST" else None
-                if o is not None:
-                    self._wrap(o, "passive side")
+                if ev.event == "CONNECT_REQUEST" and ev.id not in self._ids:
+                    o = self._known(ev.id)
+                    if o is not None:
+                        self._wrap(o, "passive side")
         for cm_id in list(self._ids.values()):
             if not cm_id.destroyed:
                 cm_id.destroy(timeout_ns)
@@ -289,6 +290,15 @@ class CmChannel:
         result = fn(*args)
         raise_parked()
         return result
+
+    def _known(self, id_object: int):
+        """The engine's id, or None when it is gone (destroyed below this channel)."""
+        try:
+            return self._o.cm_id(id_object)
+        except Error as e:
+            if e.errno == _errno.ENOENT:
+                return None
+            raise
 
     def _wrap(self, o, role: str) -> "CmId":
         known = self._ids.get(o.id)

@@ -303,3 +303,25 @@ def test_unread_event_is_discarded_by_destroy_id(any_lab):
     ch.resume_reading()
     lab.run_for(ms(100))
     assert "DISCONNECTED" not in [e.name for e in server.events]
+
+
+def test_close_after_a_side_was_closed(any_lab):
+    pair = CmPair(any_lab)
+    pair.server.close()  # the passive id (taken with wait_request) destroyed on its own
+    pair.close()         # its CONNECT_REQUEST is still in the listener's events
+    assert all(i.destroyed for i in pair.client_channel.ids + pair.server_channel.ids)
+    assert not pair.server_channel.running
+
+
+def test_close_when_a_request_id_is_gone(any_lab):
+    """An unread CONNECT_REQUEST whose id was destroyed below the CmChannel (through the pump,
+    never wrapped): the engine no longer knows it (ENOENT), and close takes it as gone."""
+    cch, sch = channels(any_lab)
+    listener = sch.listen(7471)
+    cch.connect("b", 7471)
+    any_lab.wait_until(lambda: listener.count("CONNECT_REQUEST") == 1, ms(10), what="a request")
+    (req,) = listener.event_list()
+    sch._pump.destroy_id(sch._o.cm_id(req.id), any_lab.now_ns + ms(10))
+    sch.close()
+    assert not sch.running and all(i.destroyed for i in sch.ids)
+    assert req.id not in [i.id for i in sch.ids]
