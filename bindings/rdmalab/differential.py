@@ -17,6 +17,17 @@ from typing import Optional
 from .schedule import Schedule
 
 
+# Steps "at once" are at once on the model and a few ms apart on a device (each is a call to
+# an agent): a peer's DREQ or DREP arrives before the next step on one and not on the other.
+# A differential run paces both at least this far apart, so the model sees the device's order.
+PACE_NS = 1_000_000
+
+
+def paced(schedule: Schedule) -> Schedule:
+    import dataclasses
+    return dataclasses.replace(schedule, pace_ns=max(schedule.pace_ns, PACE_NS))
+
+
 def outcome(history: list[dict]) -> dict:
     """{"conn/side": {"events": [...], "wc": {wr_id: status}, "async": [...]},
     "steps": [[i, op, result, errno], ...]} from a runner's history."""

@@ -96,6 +96,7 @@ class Schedule:
     seed: int = 1
     personality: Optional[str] = None
     settle_ns: int = sec(5)
+    pace_ns: int = 0      # at least this long between steps (0: at once)
     meta: dict = dataclasses.field(default_factory=dict)   # what drew it (swarm knobs)
 
     # -- files
@@ -107,7 +108,7 @@ class Schedule:
             raise ScheduleError(f"{where}: \"rdmalab_schedule\": {SCHEMA} expected "
                                 f"(got {obj.get('rdmalab_schedule')!r})")
         unknown = set(obj) - {"rdmalab_schedule", "hosts", "steps", "seed", "personality",
-                              "settle_ns", "meta"}
+                              "settle_ns", "pace_ns", "meta"}
         if unknown:
             raise ScheduleError(f"{where}: unknown key(s) {sorted(unknown)}")
         hosts, steps = obj.get("hosts"), obj.get("steps")
@@ -120,6 +121,7 @@ class Schedule:
                 seed=_int(obj.get("seed", 1), f"{where}: seed"),
                 personality=obj.get("personality"),
                 settle_ns=_int(obj.get("settle_ns", sec(5)), f"{where}: settle_ns"),
+                pace_ns=_int(obj.get("pace_ns", 0), f"{where}: pace_ns"),
                 meta=dict(obj.get("meta") or {}))
         s.validate(where)
         return s
@@ -140,6 +142,8 @@ class Schedule:
         if self.personality:
             out["personality"] = self.personality
         out["settle_ns"] = self.settle_ns
+        if self.pace_ns:
+            out["pace_ns"] = self.pace_ns
         if self.meta:
             out["meta"] = self.meta
         out["steps"] = self.steps

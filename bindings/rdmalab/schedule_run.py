@@ -88,6 +88,8 @@ class Runner:
                         seed=self.s.seed, hosts=self.s.hosts)
         self._watch_cm_messages()
         for i, step in enumerate(self.s.steps):
+            if self.s.pace_ns and i:
+                self.lab.sleep(self.s.pace_ns)
             if self.hung:
                 self._result(i, step, "skipped", detail="after a hung wait")
                 continue

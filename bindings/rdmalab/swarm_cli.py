@@ -222,6 +222,8 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
     from . import differential, swarm as sw
     labs = [labs] if isinstance(labs, str) else labs
     results = out / "device"
+    paths = [differential.paced(Schedule.load(p)).dump(results / "schedules" / p.name)
+             for p in paths]
     rc = run_devices(args, labs, paths, results)
     n_div = 0
     for lab in labs:

@@ -150,3 +150,12 @@ def test_shrink_keeps_only_what_the_failure_needs():
     small, runs = shrink.shrink(s, fails)
     assert [st["op"] for st in small.steps] == ["connect", "post"]
     assert small.steps[1].get("n", 1) == 1 and runs > 0
+
+
+def test_pace_puts_steps_apart():
+    steps = [{"op": "wait", "ns": 0}, {"op": "wait", "ns": 0}, {"op": "wait", "ns": 0}]
+    lab = rdmalab.model_lab(seed=3, hosts=("a", "b"), personality="roce")
+    with lab:
+        Runner(lab, sched(steps, pace_ns=ms(1)), settle_ns=0).run()
+        t = [r["t_ns"] for r in lab.history() if r["kind"] == "schedule_step"]
+    assert [b - a for a, b in zip(t, t[1:])] == [ms(1), ms(1)]
