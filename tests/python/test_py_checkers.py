@@ -5,7 +5,8 @@ say valid or unknown with the expected reason (no false positives)."""
 import pytest
 
 from rdmalab import checkers, ms, sec
-from rdmalab.checkers import (Context, bounded, cm_terminal, completions, handlers,
+from rdmalab import checks
+from rdmalab.checkers import (Context, bounded, cm_terminal, completions, handlers, holds,
                               leftovers)
 
 MODEL = Context({"a": "RoCE", "b": "RoCE"}, "roce")
@@ -209,6 +210,80 @@ def test_handlers_a_reboot_ends_a_devices_objects():
     assert handlers.check(h, DEVICE).valid
 
 
+def test_handlers_destroy_returning_while_a_handler_runs_is_invalid():
+    h = (H().add("a", "qp:5", "handler_begin", event="QP_FATAL", seq=1)
+         .add("a", "qp:5", "destroy_end", object_id=5)
+         .add("a", "qp:5", "handler_end", event="QP_FATAL", seq=1))
+    assert_invalid(handlers.check(h, MODEL), "destroy_end while the handler that began at "
+                   "record 0 still ran: destroy must wait")
+    cm = (H().add("b", "cm_id:3", "cm_handler_begin", event="DISCONNECTED")
+          .add("b", "cm_id:3", "cm_destroy_end", id=3))
+    assert_invalid(handlers.check(cm, MODEL), "cm_destroy_end while the handler")
+    waited = (H().add("a", "qp:5", "handler_begin", event="QP_FATAL", seq=1)
+              .add("a", "qp:5", "handler_end", event="QP_FATAL", seq=1)
+              .add("a", "qp:5", "destroy_end", object_id=5))
+    rules = handlers.judge(waited)
+    assert rules["destroy_waits"].valid and rules["destroy_waits"].checked == 1
+
+
+def test_handlers_out_of_dispatch_order_is_invalid():
+    h = (H().add("a", "qp:5", "event_dispatched", event="QP_FATAL", seq=1)
+         .add("a", "qp:5", "event_dispatched", event="COMM_EST", seq=2)
+         .add("a", "qp:5", "handler_begin", event="COMM_EST", seq=2)
+         .add("a", "qp:5", "handler_end", event="COMM_EST", seq=2)
+         .add("a", "qp:5", "handler_begin", event="QP_FATAL", seq=1)
+         .add("a", "qp:5", "handler_end", event="QP_FATAL", seq=1))
+    assert_invalid(handlers.check(h, MODEL), "a/qp:5: handlers ran in order [2, 1], "
+                   "dispatched [1, 2]")
+    in_order = H(h[:2] + h[4:] + h[2:4])
+    for i, r in enumerate(in_order):
+        r["seq"] = i
+    assert handlers.check(in_order, MODEL).valid
+    # A reboot ends the objects: qp:5 after it is another QP with its own order.
+    rebooted = (H().add("a", "qp:5", "event_dispatched", seq=1)
+                .add("a", "host", "fault", fault="reboot")
+                .add("a", "qp:5", "event_dispatched", seq=1)
+                .add("a", "qp:5", "handler_begin", seq=1).add("a", "qp:5", "handler_end", seq=1))
+    assert handlers.check(rebooted, DEVICE).valid
+
+
+def test_checks_is_the_old_api_over_the_same_rules():
+    after = (H().add("a", "qp:5", "destroy_end", object_id=5)
+             .add("a", "qp:5", "handler_begin", event="QP_FATAL"))
+    assert checks.no_handler_after_destroy(after).valid is False
+    assert checks.no_handler_after_destroy(H()).valid is None
+    running = (H().add("a", "qp:5", "handler_begin", seq=1).add("a", "qp:5", "destroy_end")
+               .add("a", "qp:5", "handler_end", seq=1))
+    assert checks.destroy_waits_for_handlers(running).valid is False
+    assert checks.destroy_waits_for_handlers(H()).valid is None
+    overlap = H().add("a", "qp:5", "handler_begin", seq=1).add("a", "qp:5", "handler_begin", seq=2)
+    assert checks.handlers_serialized(overlap).valid is False
+    ok = H().add("a", "qp:5", "handler_begin", seq=1).add("a", "qp:5", "handler_end", seq=1)
+    res = checks.handlers_serialized(ok)
+    assert res.valid is True and res.details == {"handlers": 1}
+
+
+# ---------------------------------------------------------------- holds
+
+def test_holds_each_released_once():
+    h = (H().add("a", "fabric", "fault", 0, fault="reorder", packet=7, hold_ns=ms(1))
+         .add("a", "fabric", "reorder_release", 10, packet=7))
+    r = holds.check(h, MODEL)
+    assert r.valid and r.checked == 1
+    assert_invalid(holds.check(H(h + [dict(h[1], seq=2)]), MODEL),
+                   "model hold 7 (fault, t_ns 0): released 2 times")
+    stray = H().add("a", "fabric", "reorder_release", 0, packet=9)
+    assert_invalid(holds.check(stray, MODEL), "model release of 9 with no hold")
+
+
+def test_holds_unreleased_past_its_deadline_is_invalid_before_it_unjudged():
+    held = H().add("a", "fabric", "fault", 0, fault="reorder", packet=7, hold_ns=ms(1))
+    r = holds.check(held, MODEL)
+    assert r.valid and r.checked == 0  # the history ends while it is held
+    late = H(held).add("a", "qp:1", "wc", ms(5))
+    assert_invalid(holds.check(late, MODEL), "model hold 7 (fault, t_ns 0): released 0 times")
+
+
 # ---------------------------------------------------------------- cm_terminal
 
 def cm_pair(h=None):
@@ -318,7 +393,7 @@ def test_bounded():
 def test_check_all_runs_every_checker_in_order():
     got = [r.checker for r in checkers.check_all(H(), MODEL)]
     assert got == checkers.names()
-    expected = ["completions", "handlers", "cm_terminal", "cm_sequence", "leftovers",
+    expected = ["completions", "handlers", "holds", "cm_terminal", "cm_sequence", "leftovers",
                 "bounded"]
     assert [n for n in got if n in expected] == expected
     assert [r.checker for r in checkers.check_all(H(), MODEL, names=["bounded"])] == ["bounded"]

@@ -5,8 +5,8 @@
         assert r.verdict != "invalid", r.problems
 
 Each module in ALL has NAME and check(history, ctx) -> Result (base.py): completions,
-handlers, cm_terminal, cm_sequence, leftovers, bounded. check_all runs them in that order;
-names= picks some by NAME.
+handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded. check_all runs them in
+that order; names= picks some by NAME. rdmalab.checks is the older API over the same rules.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Iterable, Optional
 
 from .base import INVALID, UNKNOWN, VALID, Context, Problem, Result
 
-_ORDER = ("completions", "handlers", "acks", "cm_terminal", "cm_sequence", "leftovers",
-          "bounded")
+_ORDER = ("completions", "handlers", "acks", "holds", "cm_terminal", "cm_sequence",
+          "leftovers", "bounded")
 
 
 def _load() -> list:
