@@ -33,6 +33,7 @@ CM_EVENTS = allowed(_core.CmEventType)
 # Events that end a connection attempt: a wait for something else stops at them.
 FAILURE_EVENTS = ("ADDR_ERROR", "ROUTE_ERROR", "CONNECT_ERROR", "UNREACHABLE", "REJECTED",
                   "DEVICE_REMOVAL")
+_FAILURE_TYPES = tuple(parse(_core.CmEventType, f, "CM event") for f in FAILURE_EVENTS)
 REJ_REASON = dict(_core.CM_REJ_REASON)  # IB REJ reasons: "STALE_CONN": 10, ...
 _REJ_NAME = {v: k for k, v in REJ_REASON.items()}
 _PARAM_KEYS = ("responder_resources", "initiator_depth", "retry_count", "rnr_retry_count")
@@ -40,12 +41,15 @@ _QP_KEYS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_i
 DEFAULT_PORT = 7471
 
 
-def _waiting(lab, what: str, timeout_ns: int):
+_QUIET = contextlib.nullcontext()
+
+
+def _waiting(lab, what: Callable[[], str], timeout_ns: int):
     """A progress line every 10 s while a device lab's wait runs long (rdmalab.progress); a
-    model lab's waits are on its virtual clock and say nothing."""
+    model lab's waits are on its virtual clock and say nothing (what() is not even built)."""
     if lab.has(VIRTUAL_TIME):
-        return contextlib.nullcontext()
-    return progress.Waiting(what, timeout_ns / 1e9)
+        return _QUIET
+    return progress.Waiting(what(), timeout_ns / 1e9)
 
 
 def status_name(event: str, status: int) -> str:
@@ -200,7 +204,7 @@ class CmChannel:
         spec = _spec(dst, port, timing=timing, private_data=private_data, cqe=cqe,
                      resolve_timeout_ns=resolve_timeout_ns, **kw)
         try:
-            with _waiting(self.lab, f"connecting {self.process.host.name} to {dst} "
+            with _waiting(self.lab, lambda: f"connecting {self.process.host.name} to {dst} "
                           f"(resolve, route, rdma_connect)", timeout_ns):
                 conn = self._run(_core.cm_connect, self._pump, spec,
                                  self.lab.now_ns + timeout_ns)
@@ -357,28 +361,34 @@ class CmId:
         if min_count < 1:
             raise ValueError("min_count must be >= 1")
         want = parse(_core.CmEventType, event, "CM event")
-        fails = FAILURE_EVENTS if fail_on is None else tuple(fail_on)
-        types = [want] + [parse(_core.CmEventType, f, "CM event") for f in fails
-                          if f != want.name]
-        pump, deadline = self.channel._pump, self.lab.now_ns + timeout_ns
+        want_name = name(want)
+        if fail_on is None:
+            types = [want] + [t for t in _FAILURE_TYPES if t != want]
+        else:
+            types = [want] + [parse(_core.CmEventType, f, "CM event") for f in fail_on
+                              if f != want_name]
+        lab, pump, cm_id = self.lab, self.channel._pump, self.id
+        deadline = lab.now_ns + timeout_ns
         index = 0
         for n in range(min_count):
-            what = (f"waiting for {want.name}" + (f" #{n + 1}" if min_count > 1 else "")
-                    + f" on {self._where()}")
-            with _waiting(self.lab, what, deadline - self.lab.now_ns):
-                rec = self._run(lambda: pump.wait_first(self.id, types, deadline, index))
+            with _waiting(lab, lambda: f"waiting for {want_name}" + (
+                    f" #{n + 1}" if min_count > 1 else "") + f" on {self._where()}",
+                          deadline - lab.now_ns):
+                rec = self._run(pump.wait_first, cm_id, types, deadline, index)
             if rec is None:
-                raise self._hung(f"waiting for {want.name}", timeout_ns)
+                raise self._hung(f"waiting for {want_name}", timeout_ns)
             got = CmEvent.from_core(rec.event, rec.read_ns)
-            if got.event != want.name:
-                raise self._failed(got, want.name)
-            index = self._index_of(rec.event.seq) + 1
+            if got.event != want_name:
+                raise self._failed(got, want_name)
+            if n + 1 < min_count:
+                index = self._index_of(rec.event.seq) + 1
         return got
 
     def wait_request(self, timeout_ns: int = sec(1)) -> "CmId":
         """A listener's next CONNECT_REQUEST, as the new passive id (.request is the event)."""
         pump = self.channel._pump
-        with _waiting(self.lab, f"waiting for CONNECT_REQUEST on {self._where()}", timeout_ns):
+        with _waiting(self.lab, lambda: f"waiting for CONNECT_REQUEST on {self._where()}",
+                      timeout_ns):
             ev = self._run(lambda: pump.next_connect_request(self.id,
                                                              self.lab.now_ns + timeout_ns))
         if ev is None:

@@ -30,6 +30,22 @@ def allowed(enum_type) -> list[str]:
     return list(enum_type.__members__)
 
 
+# A pybind11 enum builds __members__ anew on each access and finds .name by a scan (several
+# microseconds each); scenarios parse and name events in their hot loops, so both are cached
+# per enum type (the types are fixed once _core is loaded).
+_MEMBERS: dict = {}  # enum type -> {name: member}
+_FOLDED: dict = {}   # enum type -> {lower-case name: member}
+_NAMES: dict = {}    # enum type -> {member: its first name, as .name gives it}
+
+
+def _members(enum_type) -> dict:
+    members = _MEMBERS.get(enum_type)
+    if members is None:
+        members = _MEMBERS[enum_type] = dict(enum_type.__members__)
+        _FOLDED[enum_type] = {n.lower(): m for n, m in members.items()}
+    return members
+
+
 def parse(enum_type, value, what: str):
     """The enum_type member named by value (exact name, then case-insensitively)."""
     if isinstance(value, enum_type):
@@ -37,10 +53,10 @@ def parse(enum_type, value, what: str):
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str or {enum_type.__name__}, "
                         f"got {type(value).__name__} {value!r}")
-    members = enum_type.__members__
+    members = _members(enum_type)
     if value in members:
         return members[value]
-    folded = {name.lower(): m for name, m in members.items()}
+    folded = _FOLDED[enum_type]
     if value.lower() in folded:
         return folded[value.lower()]
     raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(members)}")
@@ -48,7 +64,16 @@ def parse(enum_type, value, what: str):
 
 def name(value) -> str:
     """The spec name of a _core enum value."""
-    return value.name
+    names = _NAMES.get(type(value))
+    if names is None:
+        if not hasattr(type(value), "__members__"):
+            return value.name
+        names = {}
+        for n, m in type(value).__members__.items():
+            names.setdefault(m, n)
+        _NAMES[type(value)] = names
+    got = names.get(value)
+    return got if got is not None else value.name
 
 
 def parse_flags(table: dict[str, int], value, what: str, prefixes: Iterable[str] = ()) -> int:

@@ -1,17 +1,17 @@
 // The model's Runtime: a discrete-event simulator on a virtual clock with deterministic,
-// seeded scheduling of harness threads. Harness threads are real std::threads, but only the
+// seeded scheduling of harness threads. Harness threads run on real OS threads, but only the
 // one holding the baton runs; whoever blocks in wait_until runs the scheduler: it picks the
 // next runnable thread with the seeded generator, or, when none is runnable, advances the
 // clock to the next timer or wait deadline and runs that. Same seed, same interleaving.
 // Model code (fabric, devices) runs only on the baton holder, so it needs no locks.
+// The OS threads come from a process-wide pool of parked ones (a spawn costs no thread
+// creation), and the baton goes straight to the next thread (one futex wake, no broadcast).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -37,6 +37,9 @@ class SimRuntime final : public Runtime {
  public:
   using TimerId = uint64_t;
   static constexpr TimeNs kForever = INT64_MAX;
+  // poll_interval_ns on the model: loops are woken by their WakeOn and by their preds, which
+  // the scheduler re-checks at every step; the poll only bounds a wait (every wait has one).
+  static constexpr TimeNs kPollBackstopNs = 10 * kNsPerSec;
 
   explicit SimRuntime(uint64_t seed);
   ~SimRuntime() override;
@@ -48,6 +51,7 @@ class SimRuntime final : public Runtime {
   bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) override;
   void notify_all() override {}
   bool stopping() const override { return stopping_; }
+  TimeNs poll_interval_ns(TimeNs /*real_ns*/) const override { return kPollBackstopNs; }
   bool mutated(Mutation m) const override { return mutations_.on(m); }
   void set_mutations(MutationSet m) { mutations_ = m; }
 
@@ -72,12 +76,17 @@ class SimRuntime final : public Runtime {
   const std::vector<std::string>& thread_errors() const { return thread_errors_; }
 
   struct SimThread;  // opaque; public only so the .cc can keep a thread_local pointer
+  struct Worker;     // a pooled OS thread; public for the same reason
+
+ protected:
+  const std::function<bool()>* set_wake(const std::function<bool()>* wake) override;
 
  private:
   SimThread* self();
   SimThread* pick_next();
   void switch_to(SimThread* self, SimThread* next);
-  void thread_main(SimThread* t, std::function<void()> body);
+  SimThread* run_thread(SimThread* t, std::function<void()>& body);
+  static void worker_main(Worker* w);
 
   TimeNs now_ = 0;
   MutationSet mutations_;
@@ -88,14 +97,12 @@ class SimRuntime final : public Runtime {
   std::map<std::pair<TimeNs, uint64_t>, std::function<void()>> timers_;
   std::map<TimerId, TimeNs> timer_time_;
 
-  std::vector<std::unique_ptr<SimThread>> threads_;  // [0] is the controller thread
+  // [0] is the controller thread; finished threads are dropped at the next scheduling step.
+  std::vector<std::unique_ptr<SimThread>> threads_;
+  size_t finished_ = 0;  // kDone entries still in threads_
+  std::vector<SimThread*> runnable_;  // pick_next's scratch list
   uint64_t next_thread_id_ = 0;
   std::vector<std::string> thread_errors_;
-
-  // The baton: the id of the only thread allowed to run.
-  mutable std::mutex baton_mu_;
-  std::condition_variable baton_cv_;
-  uint64_t running_ = 0;
 };
 
 }  // namespace rdmalab::model

@@ -208,6 +208,12 @@ void CmEventPump::State::event_loop() {
     }
     runtime.notify_all();
   };
+  // The model wakes a blocked read on stop or pause (real threads see them at the next poll).
+  const std::function<bool()> stop_or_pause = [this] {
+    std::lock_guard lock(mu);
+    return stop || paused;
+  };
+  const TimeNs poll_ns = runtime.poll_interval_ns(kEventPollNs);
   while (!runtime.stopping()) {
     bool is_paused = false;
     {
@@ -222,12 +228,13 @@ void CmEventPump::State::event_loop() {
             std::lock_guard lock(mu);
             return stop || !paused;
           },
-          runtime.now_ns() + kEventPollNs);
+          runtime.now_ns() + poll_ns);
       continue;
     }
     std::optional<CmEvent> ev;
     try {
-      ev = channel->get_event(runtime.now_ns() + kEventPollNs);
+      const Runtime::WakeOn wake(runtime, stop_or_pause);
+      ev = channel->get_event(runtime.now_ns() + poll_ns);
     } catch (const Error& e) {  // the channel went away (destroyed, process killed, reboot)
       record("", "cm_pump_error", {{"verb", e.verb()}, {"errno", e.err()}});
       done_reading();
@@ -287,7 +294,7 @@ void CmEventPump::State::worker_loop() {
           std::lock_guard lock(mu);
           return stop || !ready.empty();
         },
-        runtime.now_ns() + kWorkerPollNs);
+        runtime.now_ns() + runtime.poll_interval_ns(kWorkerPollNs));
     {
       std::lock_guard lock(mu);
       if (stop) break;

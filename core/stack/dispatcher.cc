@@ -148,6 +148,12 @@ void AsyncDispatcher::State::route(const AsyncEvent& ev) {
 }
 
 void AsyncDispatcher::State::event_loop() {
+  // The model wakes a blocked read on stop (real threads see it at the next poll).
+  const std::function<bool()> stopped = [this] {
+    std::lock_guard lock(mu);
+    return stop;
+  };
+  const TimeNs poll_ns = runtime.poll_interval_ns(kEventPollNs);
   while (!runtime.stopping()) {
     {
       std::lock_guard lock(mu);
@@ -155,7 +161,8 @@ void AsyncDispatcher::State::event_loop() {
     }
     std::optional<AsyncEvent> ev;
     try {
-      ev = ctx->get_async_event(runtime.now_ns() + kEventPollNs);
+      const Runtime::WakeOn wake(runtime, stopped);
+      ev = ctx->get_async_event(runtime.now_ns() + poll_ns);
     } catch (const Error& e) {  // the context went away (device closed, process killed)
       record("", "dispatcher_error", {{"verb", e.verb()}, {"errno", e.err()}});
       break;
@@ -218,7 +225,7 @@ void AsyncDispatcher::State::worker_loop() {
           std::lock_guard lock(mu);
           return stop || !ready.empty();
         },
-        runtime.now_ns() + kWorkerPollNs);
+        runtime.now_ns() + runtime.poll_interval_ns(kWorkerPollNs));
     {
       std::lock_guard lock(mu);
       if (stop) break;

@@ -41,6 +41,35 @@ class Runtime {
     const TimeNs until = now_ns() + d;
     wait_until([] { return false; }, until);
   }
+
+  // How often a harness loop that blocks in a read (rdma_get_cm_event, ibv_get_async_event)
+  // or waits for work should wake to look at its own flags (stop, pause), given the interval
+  // real threads need. Real threads must poll: a read cannot see the flags. The model wakes
+  // such a loop through WakeOn instead and answers a long backstop, so an idle loop does not
+  // cost a scheduling step (an OS thread switch) every few ms of virtual time.
+  virtual TimeNs poll_interval_ns(TimeNs real_ns) const { return real_ns; }
+
+  // While one is in scope, the calling thread's waits may also end early, returning pred(), as
+  // soon as wake() holds (a stop or pause flag). The model re-checks wake with the thread's
+  // pred at every scheduling step; real threads ignore it and poll. wake: as cheap and
+  // side-effect free as a pred.
+  class WakeOn {
+   public:
+    WakeOn(Runtime& rt, const std::function<bool()>& wake) : rt_(rt), prev_(rt.set_wake(&wake)) {}
+    ~WakeOn() { rt_.set_wake(prev_); }
+    WakeOn(const WakeOn&) = delete;
+    WakeOn& operator=(const WakeOn&) = delete;
+
+   private:
+    Runtime& rt_;
+    const std::function<bool()>* prev_;
+  };
+
+ protected:
+  // The calling thread's wake condition (nullptr: none); returns the previous one.
+  virtual const std::function<bool()>* set_wake(const std::function<bool()>* /*wake*/) {
+    return nullptr;
+  }
 };
 
 }  // namespace rdmalab
