@@ -37,8 +37,11 @@ def outcome(history: list[dict]) -> dict:
     for r in history:
         if r["kind"] == "schedule_bind":
             d = r["data"]
-            key = f"{d['conn']}/{d['side']}"
-            by_id[(r["host"], d["cm_id"])] = key
+            if "xrc" in d:  # an XRC domain's TGT QP, or its sender (schedule_xrc)
+                key = f"xrc:{d['xrc']}" + (f"/{d['sender']}" if "sender" in d else "")
+            else:
+                key = f"{d['conn']}/{d['side']}"
+                by_id[(r["host"], d["cm_id"])] = key
             if d.get("qp_num"):
                 by_qp[(r["host"], d["qp_num"])] = key
             out.setdefault(key, {"events": [], "wc": {}, "async": []})

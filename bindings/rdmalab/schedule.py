@@ -59,6 +59,12 @@ OPS: dict[str, dict[str, Any]] = {
     "rule": {"name": str, "rule": dict},
     "unrule": {"name": str},
     "wait": {"ns": int},
+    # XRC (seed 003): a domain on one host shared by processes, a sender on another host.
+    "xrc_open": {"xrc": str, _H: str, "creator": str, "holders": list, "n_srq": int},
+    "xrc_connect": {"xrc": str, "sender": str, _H: str, "process": str},
+    "xrc_recv": {"xrc": str, "srq": int, "n": int},
+    "xrc_send": {"sender": str, "srq": int, "n": int},
+    "xrc_close": {"xrc": str, "process": str, "what": str},
 }
 _REQUIRED = {
     "connect": ("conn", "client", "server"), "recv": (_C, _S), "post": (_C, _S),
@@ -67,7 +73,11 @@ _REQUIRED = {
     "async_event": (_C, _S, "event"), "kill": (_H, "process"), "reboot": (_H, "down_ns"),
     "port_down": (_H,), "port_up": (_H,), "rule": ("name", "rule"), "unrule": ("name",),
     "wait": ("ns",),
+    "xrc_open": ("xrc", _H, "creator"), "xrc_connect": ("xrc", "sender", _H),
+    "xrc_recv": ("xrc", "srq"), "xrc_send": ("sender", "srq"), "xrc_close": ("xrc", "process"),
 }
+XRC_CLOSE = ("all", "qp")   # xrc_close: every object of the process's part, or its QP handle
+XRC_MAX_SRQ = 8
 # Moments: "wait" ones block the schedule until they happen (bounded by within_ns); "trigger"
 # ones arm the step and go on: it runs when the moment comes during a later step.
 MOMENTS: dict[str, dict[str, Any]] = {
@@ -165,6 +175,8 @@ class Schedule:
     def validate(self, where: str = "schedule") -> None:
         conns: set[str] = set()
         rules: set[str] = set()
+        xrcs: dict[str, dict] = {}      # xrc name -> its xrc_open step
+        senders: dict[str, dict] = {}   # sender name -> its xrc_connect step
         for i, step in enumerate(self.steps):
             at = f"{where}: step {i}"
             if not isinstance(step, dict):
@@ -182,6 +194,8 @@ class Schedule:
                 rules.add(step["name"])
             elif op == "unrule" and step["name"] not in rules:
                 raise ScheduleError(f"{at} (unrule): no rule named {step['name']!r} before")
+            elif op.startswith("xrc_"):
+                _check_xrc(step, xrcs, senders, f"{at} ({op})")
             if "at" in step:
                 self._check_moment(step["at"], conns, f"{at} ({op}) at")
 
@@ -201,7 +215,7 @@ class Schedule:
             raise ScheduleError(f"{at}: opcode {step['opcode']!r}: {', '.join(OPCODES)}")
         if step.get("event", "QP_FATAL") not in ASYNC_EVENTS:
             raise ScheduleError(f"{at}: event {step['event']!r}: {', '.join(ASYNC_EVENTS)}")
-        for key in ("n", "ns", "down_ns", "driver_delay_ns"):
+        for key in ("n", "ns", "down_ns", "driver_delay_ns", "srq"):
             if key in step and step[key] < 0:
                 raise ScheduleError(f"{at}: {key} must be >= 0")
 
@@ -222,6 +236,51 @@ class Schedule:
         for key in ("host", "src_host"):
             if key in at_obj and at_obj[key] not in self.hosts:
                 raise ScheduleError(f"{at} {m}: {key} {at_obj[key]!r} is not a schedule host")
+
+
+def xrc_srqs(open_step: dict) -> int:
+    """How many SRQs an xrc_open makes: n_srq for each holder (the creator's when none)."""
+    return open_step.get("n_srq", 1) * max(1, len(open_step.get("holders", [])))
+
+
+def _check_xrc(step: dict, xrcs: dict, senders: dict, at: str) -> None:
+    op = step["op"]
+    if op == "xrc_open":
+        holders = step.get("holders", [])
+        if step["xrc"] in xrcs:
+            raise ScheduleError(f"{at}: xrc {step['xrc']!r} opened twice")
+        if not all(isinstance(h, str) and h for h in holders) or len(set(holders)) != len(
+                holders) or step["creator"] in holders:
+            raise ScheduleError(f"{at}: holders: distinct process names other than the "
+                                f"creator, got {holders!r}")
+        if not 1 <= step.get("n_srq", 1) <= XRC_MAX_SRQ:
+            raise ScheduleError(f"{at}: n_srq must be 1 to {XRC_MAX_SRQ}")
+        xrcs[step["xrc"]] = step
+        return
+    name = step.get("xrc") if op != "xrc_send" else senders.get(step["sender"], {}).get("xrc")
+    if op == "xrc_send" and step["sender"] not in senders:
+        raise ScheduleError(f"{at}: sender {step['sender']!r} is not made by an earlier "
+                            "xrc_connect step")
+    if name not in xrcs:
+        raise ScheduleError(f"{at}: xrc {name!r} is not made by an earlier xrc_open step")
+    opened = xrcs[name]
+    if op == "xrc_connect":
+        if step["sender"] in senders:
+            raise ScheduleError(f"{at}: sender {step['sender']!r} made twice")
+        if any(s["xrc"] == name for s in senders.values()):  # a TGT QP has one INI peer
+            raise ScheduleError(f"{at}: xrc {name!r} has a sender already")
+        if step["host"] == opened["host"]:
+            raise ScheduleError(f"{at}: the sender's host is the xrc's host {step['host']!r}")
+        senders[step["sender"]] = step
+    elif op in ("xrc_recv", "xrc_send") and not 0 <= step["srq"] < xrc_srqs(opened):
+        raise ScheduleError(f"{at}: srq {step['srq']} out of range: xrc {name!r} has "
+                            f"{xrc_srqs(opened)}")
+    elif op == "xrc_close":
+        if step["process"] not in [opened["creator"], *opened.get("holders", [])]:
+            raise ScheduleError(f"{at}: process {step['process']!r} is not xrc {name!r}'s "
+                                "creator or a holder")
+        if step.get("what", "all") not in XRC_CLOSE:
+            raise ScheduleError(f"{at}: what {step['what']!r}: {', '.join(XRC_CLOSE)}")
 
 
 def _int(v: Any, what: str) -> int:
@@ -254,5 +313,5 @@ def run(lab, schedule: Schedule, **kw):
     return Runner(lab, schedule, **kw).run()
 
 
-__all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError",
+__all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError", "xrc_srqs",
            "load", "run", "Error", "FaultNotSupported", "Hung"]

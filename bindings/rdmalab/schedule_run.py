@@ -15,6 +15,7 @@ from .errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
 from .protocol import CM_PROTOCOL_STATE
 from .schedule import (DEFAULT_WITHIN_NS, DESTROY_NS, OUTCOME_NS, TRIGGERS, Schedule,
                        ScheduleError)
+from .schedule_xrc import XrcOps
 
 # rdma_cm events that end a connect attempt (rdma_cm(7)).
 _CONNECT_ENDS = ("ESTABLISHED", "REJECTED", "UNREACHABLE", "CONNECT_ERROR", "DEVICE_REMOVAL",
@@ -55,7 +56,7 @@ class Outcome:
     error: Optional[str] = None     # an exception the runner did not expect (a harness bug)
 
 
-class Runner:
+class Runner(XrcOps):
     def __init__(self, lab, schedule: Schedule, *, outcome_ns: int = OUTCOME_NS,
                  destroy_ns: int = DESTROY_NS, settle_ns: Optional[int] = None):
         missing = [h for h in schedule.hosts if h not in lab.hosts]
@@ -81,6 +82,7 @@ class Runner:
         self.msg_watch: dict[tuple, Any] = {}
         self.port = _BASE_PORT
         self._reused: dict[str, bool] = {}   # host -> a QPN was handed out again
+        self._xrc_init()                     # XRC domains and senders (schedule_xrc)
 
     # -- the run
     def run(self) -> Outcome:
@@ -341,6 +343,7 @@ class Runner:
                 side.closed = True
         self.channels.pop((st["host"], st["process"]), None)
         self.dispatchers.pop((st["host"], st["process"]), None)
+        self._xrc_dead(st["host"], st["process"])
         return ""
 
     def _op_reboot(self, st: dict) -> str:
@@ -352,6 +355,7 @@ class Runner:
         for side in self._sides():
             if side.host == st["host"]:
                 side.closed = True
+        self._xrc_dead(st["host"])
         return ""
 
     def _op_port_down(self, st: dict) -> str:
@@ -383,6 +387,7 @@ class Runner:
         two histories comparable."""
         for side in self._sides():
             self._poll(side)
+        self._xrc_poll_all()
 
     def _poll(self, side: Side) -> None:
         if side.closed or side.player is None:
@@ -531,6 +536,7 @@ class Runner:
                     self._hang(len(self.s.steps), {"op": "teardown"}, e)
                 except Error:
                     pass
+            self._xrc_teardown()
             objects = {}
             for host, name, proc in self.every_proc:
                 try:

@@ -60,8 +60,75 @@ def draw(seed: int, personality: str = "roce", steps: int = 30) -> Schedule:
     g = _Gen(rng, k, hosts)
     while len(g.steps) < k.steps:
         g.one()
-    return Schedule(hosts=hosts, steps=g.steps, seed=seed, personality=personality,
-                    settle_ns=sec(5), meta={"knobs": k.as_dict()})
+    meta = {"knobs": k.as_dict()}
+    steps = g.steps
+    xr = random.Random(seed * 1_000_003 + 17)   # its own stream: other draws stay the same
+    if personality in XRC_PERSONALITIES and xr.random() < 0.5:
+        steps = _splice(xr, steps, _xrc_steps(xr, hosts))
+        meta["xrc"] = True
+    return Schedule(hosts=hosts, steps=steps, seed=seed, personality=personality,
+                    settle_ns=sec(5), meta=meta)
+
+
+# ---- XRC (seed 003) ---------------------------------------------------------------------------
+# Drawn from a stream of its own on the personalities with XRC, on half their seeds: a domain
+# on host a or b (the first two: a device lab keeps them), a sender on the other, receives and
+# sends, often the creator killed mid-traffic, more sends, holders closing (the QP handle only
+# or everything). Sends mostly stay within the receives posted (an empty SRQ ends in RNR).
+XRC_PERSONALITIES = ("ib", "ib-legacy")
+
+
+def _xrc_steps(xr: random.Random, hosts: list[str]) -> list[dict]:
+    host, other = xr.sample(hosts[:2], 2)
+    creator = xr.choice(("xc", "xc", "p0"))
+    holders = xr.sample(("xw0", "xw1", "p1"), xr.randint(1, 2))
+    n_srq = xr.randint(1, 2)
+    srqs = n_srq * len(holders)
+    posted = [0] * srqs
+    out = [{"op": "xrc_open", "xrc": "x0", "host": host, "creator": creator,
+            "holders": holders, "n_srq": n_srq},
+           {"op": "xrc_connect", "xrc": "x0", "sender": "s0", "host": other,
+            "process": xr.choice(("xs", "p0"))}]
+
+    closed: set[str] = set()   # holders that closed everything: their SRQs are gone
+
+    def traffic(rounds: int) -> None:
+        for _ in range(rounds):
+            live = [i for i in range(srqs) if holders[i // n_srq] not in closed]
+            i = xr.choice(live) if live and xr.random() < 0.9 else xr.randrange(srqs)
+            if posted[i] < 2 or xr.random() < 0.4:
+                n = xr.randint(2, 6)
+                posted[i] += n
+                out.append({"op": "xrc_recv", "xrc": "x0", "srq": i, "n": n})
+            n = xr.randint(1, 3) if xr.random() < 0.9 else posted[i] + 1  # RNR, sometimes
+            posted[i] = max(0, posted[i] - n)
+            out.append({"op": "xrc_send", "sender": "s0", "srq": i, "n": n})
+    traffic(xr.randint(1, 3))
+    if xr.random() < 0.7:
+        out.append({"op": "kill", "host": host, "process": creator})
+        traffic(xr.randint(1, 3))
+    for h in holders:
+        if xr.random() < 0.5:
+            what = xr.choice(("qp", "all"))
+            out.append({"op": "xrc_close", "xrc": "x0", "process": h, "what": what})
+            if what == "all":
+                closed.add(h)
+            traffic(xr.randint(0, 2))
+    if xr.random() < 0.5:
+        out.append({"op": "wait", "ns": xr.choice((ms(1), ms(100)))})
+    return out
+
+
+def _splice(xr: random.Random, steps: list[dict], extra: list[dict]) -> list[dict]:
+    """extra's steps in their order at random places among steps."""
+    at = sorted(xr.randint(0, len(steps)) for _ in extra)
+    out, j = [], 0
+    for i, step in enumerate(steps):
+        while j < len(extra) and at[j] == i:
+            out.append(extra[j])
+            j += 1
+        out.append(step)
+    return out + extra[j:]
 
 
 class _Gen:

@@ -5,8 +5,8 @@
         assert r.verdict != "invalid", r.problems
 
 Each module in ALL has NAME and check(history, ctx) -> Result (base.py): completions,
-handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded. check_all runs them in
-that order; names= picks some by NAME. rdmalab.checks is the older API over the same rules.
+handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded, xrc. check_all runs them
+in that order; names= picks some by NAME. rdmalab.checks is the older API over the same rules.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from .base import INVALID, UNKNOWN, VALID, Context, Problem, Result
 
 _ORDER = ("completions", "handlers", "acks", "holds", "cm_terminal", "cm_sequence",
-          "leftovers", "bounded")
+          "leftovers", "bounded", "xrc")
 
 
 def _load() -> list:
