@@ -172,23 +172,26 @@ nlohmann::json cycles(int max_cycles, double max_s) {
   return {{"cycles", n}, {"wall_s", wall}, {"virtual_s", virt}, {"per_s", n / wall}};
 }
 
+void one_lab(uint64_t seed, int hosts) {
+  auto lab = make_model_lab(seed, hosts);
+  std::vector<std::unique_ptr<stack::CmEventPump>> pumps;
+  for (const auto& h : lab->hosts()) {
+    auto proc = h->create_process("p");
+    pumps.push_back(std::make_unique<stack::CmEventPump>(
+        lab->runtime(), proc->create_event_channel(), &lab->history(), h->name()));
+    pumps.back()->start();
+  }
+  for (auto& p : pumps) p->stop(lab->runtime().now_ns() + kNsPerSec);
+  pumps.clear();
+  lab->shutdown();
+}
+
 nlohmann::json labs(int n) {
   nlohmann::json out = nlohmann::json::object();
   for (int hosts : {2, 4}) {
+    for (int i = 0; i < 5; ++i) one_lab(1000 + i, hosts);  // warm-up, as the Python side does
     const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      auto lab = make_model_lab(1 + i, hosts);
-      std::vector<std::unique_ptr<stack::CmEventPump>> pumps;
-      for (const auto& h : lab->hosts()) {
-        auto proc = h->create_process("p");
-        pumps.push_back(std::make_unique<stack::CmEventPump>(
-            lab->runtime(), proc->create_event_channel(), &lab->history(), h->name()));
-        pumps.back()->start();
-      }
-      for (auto& p : pumps) p->stop(lab->runtime().now_ns() + kNsPerSec);
-      pumps.clear();
-      lab->shutdown();
-    }
+    for (int i = 0; i < n; ++i) one_lab(1 + i, hosts);
     out[std::to_string(hosts) + "_hosts_ms"] = seconds_since(t0) / n * 1e3;
   }
   return out;
