@@ -270,3 +270,23 @@ def test_iwarp_no_post_in_closing(lab):
         pair.a.post_send(length=64)
     assert err.value.verb == "ibv_post_send"
     assert pair.a.traffic.check().posted == 0
+
+
+@pytest.mark.requires(transport=["IB", "RoCE"])
+@pytest.mark.finding("rxe-user-recvs-posted-in-error-are-never-flushed")
+def test_recv_posted_in_err_is_flushed(lab):
+    """Seed 000, found again by the differential swarm (issue 17: schedule seed 3 on rxe, a
+    drain then RECVs posted on its QP): a RECV posted to a QP already in ERR completes with
+    WR_FLUSH_ERR, as one outstanding at the move to ERR does. __ib_drain_rq relies on it:
+    move the QP to ERR, post a RECV, block until its completion."""
+    a = RCPair(lab).a
+    a.post_recv(wr_id=1)
+    a.qp.modify(qp_state="ERR")
+    assert a.wait_completions(1, sec(1) + lab.tolerance_ns), \
+        "the RECV outstanding at the move to ERR was not flushed"
+    before = len(a.traffic.completions())
+    a.post_recv(wr_id=2)
+    assert a.wait_completions(1, sec(2) + lab.tolerance_ns), \
+        "a RECV posted in ERR never completed"
+    late = a.traffic.completions()[before:]
+    assert [(wc.wr_id, wc.status) for wc in late] == [(2, "WR_FLUSH_ERR")]
