@@ -96,7 +96,7 @@ void IwCm::arm(Ep& ep, TimeNs timeout_ns) {
   env_.runtime.cancel(ep.timer);
   const uint32_t id = ep.id;
   const uint64_t epoch = epoch_;
-  // Kernel timers (cxgb4's ep timer, siw's MPA timer) run on the timer wheel.
+  // Kernel timers (cxgb4's ep timer, siw's MPA timer: a delayed work) run on the timer wheel.
   const TimeNs delay = kernel_timer_delay_ns(env_.runtime.now_ns(),
                                              static_cast<uint64_t>(timeout_ns / kNsPerMs),
                                              dev_.caps.kernel_hz);
@@ -106,6 +106,17 @@ void IwCm::arm(Ep& ep, TimeNs timeout_ns) {
 // cxgb4 c4iw_ep_disconnect: start_ep_timer, jiffies + ep_timeout_secs * HZ (Q5).
 void IwCm::arm_close(Ep& ep) {
   arm(ep, static_cast<TimeNs>(dev_.caps.iw_close_timeout_s) * kNsPerSec);
+}
+
+// siw_cm_work_handler, SIW_CM_WORK_MPATIMEOUT in SIW_EPSTATE_AWAIT_MPAREQ: no MPA request on
+// the accepted connection; the socket is released (sock_release: a FIN, nothing was read).
+void IwCm::on_request_timeout(const TcpPeer& peer, uint64_t epoch) {
+  if (epoch != epoch_ || awaiting_request_.erase(peer) == 0) return;
+  env_.record(dev_.host, "iw_cm", "cm_timeout",
+              {{"awaiting", "MPA_REQUEST"}, {"peer", peer.first}, {"peer_ep", peer.second}});
+  IwWire fin = wire("TCP_FIN");
+  fin.dst_ep = peer.second;
+  transmit(peer.first, std::move(fin), "iw_cm");
 }
 
 // The provider gives up: an MPA request never answered, or a close never finished.
@@ -134,6 +145,14 @@ void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
               {{"msg", w.kind}, {"src", src_host}, {"src_ep", w.src_ep}, {"dst_ep", w.dst_ep}});
   if (w.kind == "MPA_REQUEST") return on_mpa_request(w, src_host);
   if (w.kind == "TCP_SYN") return on_syn(w, src_host);
+  if (w.kind == "TCP_RST") {  // an accepted connection still awaiting its MPA request is gone
+    auto pit = awaiting_request_.find({src_host, w.src_ep});
+    if (pit != awaiting_request_.end()) {
+      env_.runtime.cancel(pit->second);
+      awaiting_request_.erase(pit);
+      return;
+    }
+  }
   Ep* ep = find(w.dst_ep);
   if (w.dst_ep == 0) {  // an abort from a side that never learnt our endpoint
     for (auto& [id, e] : eps_) {
@@ -229,6 +248,8 @@ void IwCm::process(Ep& ep, const IwCmEvent& ev) {
 }
 
 // A SYN: the listening socket answers SYN-ACK, a port with no listener RST (tcp_v4_send_reset).
+// An accepted connection waits for its MPA request (siw_accept_newconn queues the MPA timer);
+// (model) the socket is accepted at the SYN: the handshake's last ACK is not modelled.
 void IwCm::on_syn(const IwWire& w, const std::string& src_host) {
   auto lit = listeners_.find(w.port);
   Ep* listener = lit == listeners_.end() ? nullptr : find(lit->second);
@@ -236,12 +257,29 @@ void IwCm::on_syn(const IwWire& w, const std::string& src_host) {
   IwWire r = wire(listening ? "TCP_SYN_ACK" : "TCP_RST");
   r.dst_ep = w.src_ep;
   transmit(src_host, std::move(r), "iw_cm");
+  const TcpPeer peer{src_host, w.src_ep};
+  if (!listening || awaiting_request_.count(peer)) return;  // a retransmitted SYN: one socket
+  const uint64_t epoch = epoch_;
+  const TimeNs delay = kernel_timer_delay_ns(env_.runtime.now_ns(),
+                                             dev_.pers.iw_mpa_request_timeout_ms,
+                                             dev_.caps.kernel_hz);
+  awaiting_request_[peer] = env_.runtime.schedule_after(
+      delay, [this, peer, epoch] { on_request_timeout(peer, epoch); });
 }
 
 void IwCm::on_mpa_request(const IwWire& w, const std::string& src_host) {
   auto lit = listeners_.find(w.port);
   Ep* listener = lit == listeners_.end() ? nullptr : find(lit->second);
-  if (listener == nullptr || listener->state != IwCmState::LISTEN) {
+  bool socket = true;  // the TCP connection it came on is still open
+  if (dev_.caps.connect_is_synchronous) {  // the model made the connection: on_syn
+    auto pit = awaiting_request_.find({src_host, w.src_ep});
+    socket = pit != awaiting_request_.end();
+    if (socket) {
+      env_.runtime.cancel(pit->second);
+      awaiting_request_.erase(pit);
+    }
+  }
+  if (!socket || listener == nullptr || listener->state != IwCmState::LISTEN) {
     IwWire rst = wire("TCP_RST");  // connection refused
     rst.dst_ep = w.src_ep;
     return transmit(src_host, std::move(rst), "iw_cm");
@@ -290,6 +328,17 @@ void IwCm::on_mpa_reply(Ep& ep, const IwWire& w) {
 // The peer closes: the provider moves the QP to CLOSING, tells iwcm (DISCONNECT), and closes
 // its own half at once; when both FINs are acknowledged the endpoint is down (CLOSE).
 void IwCm::on_fin(Ep& ep) {
+  if (!ep.connected && ep.state == IwCmState::CONN_SENT && ep.timer != 0) {
+    // siw SIW_CM_WORK_PEER_CLOSE in SIW_EPSTATE_AWAIT_MPAREP: "MPA reply not received, but
+    // connection drop": CONNECT_REPLY -ECONNRESET, the endpoint released.
+    env_.runtime.cancel(ep.timer);
+    ep.timer = 0;
+    IwCmEvent ev;
+    ev.type = IwCmEventType::CONNECT_REPLY;
+    ev.status = -ECONNRESET;
+    upcall(ep, ev);
+    return maybe_free(ep.id);
+  }
   if (!ep.connected || ep.fin_rcvd) return;
   ep.fin_rcvd = true;
   if (ep.fin_sent) {  // their FIN acknowledges ours
@@ -465,7 +514,7 @@ void IwCm::connect(uint32_t id, const std::string& dst_host, uint16_t port, QpCo
   w.psn = ep.psn;
   w.private_data = private_data;
   send(ep, std::move(w));
-  arm(ep);
+  arm(ep, static_cast<TimeNs>(dev_.pers.iw_mpa_reply_timeout_ms) * kNsPerMs);
 }
 
 // 6.1 tcp_write_timeout: SYN at 0 and retransmissions after TCP_TIMEOUT_INIT (1 s) doubling;
@@ -584,11 +633,12 @@ void IwCm::destroy_id(uint32_t id, std::optional<TimeNs> deadline_ns) {
 }
 
 // The provider always ends a connect: the synchronous TCP connect's SYN retries
-// ((2^(n+1) - 1) s), then the MPA timer (kIwTimeoutNs, rounded up on the timer wheel by less
-// than itself).
+// ((2^(n+1) - 1) s), then the MPA timer (Personality::iw_mpa_reply_timeout_ms, rounded up on
+// the timer wheel by less than itself).
 TimeNs IwCm::connect_bound_ns() const {
   const TimeNs syn_s = (TimeNs{2} << dev_.caps.tcp_syn_retries) - 1;
-  return syn_s * kNsPerSec + 2 * kIwTimeoutNs;
+  const TimeNs mpa_ns = static_cast<TimeNs>(dev_.pers.iw_mpa_reply_timeout_ms) * kNsPerMs;
+  return syn_s * kNsPerSec + 2 * mpa_ns;
 }
 
 // The wait ends when the CONNECT_REPLY (MPA reply, reject, RST or the MPA timer) or the
@@ -654,6 +704,8 @@ void IwCm::finish_destroy(Ep& ep) {
 
 void IwCm::reset() {
   for (auto& [id, ep] : eps_) env_.runtime.cancel(ep->timer);
+  for (auto& [peer, timer] : awaiting_request_) env_.runtime.cancel(timer);
+  awaiting_request_.clear();
   env_.record(dev_.host, "iw_cm", "cm_reset", {{"ids_lost", eps_.size()}});
   eps_.clear();
   listeners_.clear();

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/env.h"
@@ -52,11 +53,6 @@ struct IwWire {
   uint32_t psn = 0;
   std::vector<uint8_t> private_data;
 };
-
-// (model) How long an unanswered MPA request waits before the provider gives up (iw_cxgb4's
-// ep_timeout_secs default of 60 s; siw's MPA timeout is shorter). A close waits
-// caps.iw_close_timeout_s (0: not at all, siw).
-inline constexpr TimeNs kIwTimeoutNs = 60 * kNsPerSec;
 
 class IwCm {
  public:
@@ -121,13 +117,19 @@ class IwCm {
   void set_state(Ep& ep, IwCmState to);
   void send(Ep& ep, IwWire w);
   void transmit(const std::string& dst_host, IwWire w, const std::string& object);
-  void arm(Ep& ep, TimeNs timeout_ns = kIwTimeoutNs);
+  // The provider's timers run on the timer wheel (Personality::iw_mpa_*_timeout_ms,
+  // caps.iw_close_timeout_s).
+  void arm(Ep& ep, TimeNs timeout_ns);
   void arm_close(Ep& ep);
   // siw_connect's blocking kernel_bindconnect: SYN, retransmitted on TCP's doubling RTO, until
   // a SYN-ACK (0), an RST (-ECONNREFUSED) or tcp_syn_retries retransmissions (-ETIMEDOUT).
   int tcp_connect(uint32_t id);
   void on_syn(const IwWire& w, const std::string& src_host);
   void on_timeout(uint32_t id, uint64_t epoch);
+  // siw_accept_newconn: a TCP connection accepted, its MPA request awaited
+  // (Personality::iw_mpa_request_timeout_ms); when the timer runs the socket is released.
+  using TcpPeer = std::pair<std::string, uint32_t>;  // the peer host and its endpoint
+  void on_request_timeout(const TcpPeer& peer, uint64_t epoch);
   // provider side
   void upcall(Ep& ep, IwCmEvent ev);           // cm_event_handler: append to the work list
   void run_work(uint32_t id, uint64_t epoch);  // cm_work_handler
@@ -154,6 +156,7 @@ class IwCm {
   Env& env_;
   std::map<uint32_t, std::unique_ptr<Ep>> eps_;
   std::map<uint16_t, uint32_t> listeners_;
+  std::map<TcpPeer, uint64_t> awaiting_request_;  // accepted TCP connections -> their timer
   uint32_t next_id_ = 1;
   uint64_t epoch_ = 1;
 };

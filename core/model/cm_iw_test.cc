@@ -5,6 +5,7 @@
 #include "model/cm_iw.h"
 #include "model/cm_rdma.h"
 #include "model/cm_test_util.h"
+#include "model/personality.h"
 
 namespace rdmalab::model {
 namespace {
@@ -19,6 +20,14 @@ nlohmann::json drop_opcode(const std::string& opcode, int count = -1) {
   if (count > 0) rule["count"] = count;
   return rule;
 }
+
+// The provider's MPA reply timeout (Personality::iw_mpa_reply_timeout_ms).
+int64_t mpa_reply_ms(const std::string& pers) {
+  return personality(pers).iw_mpa_reply_timeout_ms;
+}
+
+// Longer than any iWARP timer of the model (cxgb4's 60 s ep timer, rounded on the wheel).
+constexpr TimeNs kPastTimers = 120 * kNsPerSec;
 
 // server (on "a") listens, client connects to it, server accepts: ESTABLISHED on both.
 void establish(CmEnd& server, CmEnd& client) {
@@ -117,8 +126,9 @@ std::vector<std::string> iw_transitions(ModelLab& lab, const std::string& host) 
 }
 
 // rdma_destroy_id while the MPA request is unanswered: iwcm.c destroy_cm_id waits on
-// connect_wait until the provider's MPA timer ends the connect (CONNECT_REPLY -ETIMEDOUT:
-// IDLE), past the caller's deadline, then IDLE -> DESTROYING; the user sees no event.
+// connect_wait until the provider's MPA timer (siw 10 s, cxgb4 60 s) ends the connect
+// (CONNECT_REPLY -ETIMEDOUT: IDLE), past the caller's deadline, then IDLE -> DESTROYING; the
+// user sees no event.
 TEST_P(IwPers, DestroyWhileConnSentWaitsForTheMpaTimeout) {
   auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
   CmEnd server = CmEnd::on(*lab, "a");
@@ -128,7 +138,7 @@ TEST_P(IwPers, DestroyWhileConnSentWaitsForTheMpaTimeout) {
   const TimeNs t0 = lab->runtime().now_ns();  // the MPA request went out, its timer armed
   EXPECT_EQ(server.next().event, E::CONNECT_REQUEST);  // never accepted
   client.id->destroy(lab->runtime().now_ns() + kNsPerSec);
-  EXPECT_EQ(lab->runtime().now_ns(), fires(t0, kIwTimeoutNs / kNsPerMs));
+  EXPECT_EQ(lab->runtime().now_ns(), fires(t0, mpa_reply_ms(GetParam())));
   EXPECT_TRUE(client.id->destroyed());
   EXPECT_EQ(iw_transitions(*lab, "b"),
             (std::vector<std::string>{"IDLE->CONN_SENT", "CONN_SENT->IDLE", "IDLE->DESTROYING"}));
@@ -181,7 +191,51 @@ TEST_P(IwPers, KillWhileConnSentEndsTheDestroyAtTheReply) {
                                            "ESTABLISHED->DESTROYING"}));
 }
 
+// No MPA reply ever comes (the request reached a listener that never accepts): the provider's
+// MPA timer ends the connect, UNREACHABLE(-ETIMEDOUT): siw MPAREQ_TIMEOUT (HZ * 10) in
+// SIW_EPSTATE_AWAIT_MPAREP, cxgb4 ep_timeout_secs (60 s) from send_mpa_req.
+TEST_P(IwPers, UnansweredMpaRequestIsUnreachableAtTheProvidersTimeout) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();  // the MPA request went out, its timer armed
+  EXPECT_EQ(server.next().event, E::CONNECT_REQUEST);  // never accepted
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, fires(t0, mpa_reply_ms(GetParam())), kPastTimers);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
+
+// The MPA timeouts are the drivers' constants (6.1.192 and 7.2.13): siw_cm.h MPAREQ_TIMEOUT
+// (HZ * 10) while the active side awaits the reply, MPAREP_TIMEOUT (HZ * 5) while the passive
+// side awaits the request (siw_cm_queue_work); cxgb4 cm.c ep_timeout_secs = 60 for both.
+TEST(IwCm, MpaTimeoutsAreTheDrivers) {
+  EXPECT_EQ(personality("iwarp-siw").iw_mpa_reply_timeout_ms, 10000u);
+  EXPECT_EQ(personality("iwarp-siw").iw_mpa_request_timeout_ms, 5000u);
+  EXPECT_EQ(personality("iwarp-cxgb4").iw_mpa_reply_timeout_ms, 60000u);
+  EXPECT_EQ(personality("iwarp-cxgb4").iw_mpa_request_timeout_ms, 60000u);
+}
+
+// siw, every MPA request lost: the passive side accepted the TCP connection (the SYN) and its
+// MPA timer (MPAREP_TIMEOUT, 5 s) runs in SIW_EPSTATE_AWAIT_MPAREQ: the socket is released, a
+// FIN; the active side in SIW_EPSTATE_AWAIT_MPAREP takes it as SIW_CM_WORK_PEER_CLOSE:
+// CONNECT_REPLY -ECONNRESET, REJECTED, before its own 10 s timer.
+TEST(IwCm, SiwLostMpaRequestIsRejectedWhenThePassiveSocketCloses) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  lab->add_rule(drop_opcode("MPA_REQUEST"));
+  client.start_connect("a");
+  const TimeNs syn_at_a = lab->runtime().now_ns() - kLatency;  // the SYN-ACK just arrived
+  const int64_t ms = personality("iwarp-siw").iw_mpa_request_timeout_ms;
+  client.expect(E::REJECTED, -ECONNRESET, fires(syn_at_a, ms) + kLatency, kPastTimers);
+  EXPECT_EQ(count_records(*lab, "cm_timeout", "awaiting", "MPA_REQUEST"), 1u);
+  EXPECT_EQ(client.id->protocol_state(), "IDLE");
+  EXPECT_TRUE(server.quiet(kPastTimers));  // no CONNECT_REQUEST
+  EXPECT_TRUE(client.quiet(kNsPerSec));    // and no UNREACHABLE from the 10 s timer
+}
 
 TEST(IwCm, NoListenerIsRefused) {
   auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
@@ -262,7 +316,8 @@ TEST(IwCm, NoAnswerIsUnreachable) {
   lab->add_rule(drop_opcode("MPA_REQUEST"));
   client.start_connect("a");
   const TimeNs t0 = lab->runtime().now_ns();
-  client.expect(E::UNREACHABLE, -ETIMEDOUT, fires(t0, 60000), 2 * kIwTimeoutNs);
+  ASSERT_EQ(mpa_reply_ms("iwarp-cxgb4"), 60000);  // cm.c ep_timeout_secs = 60
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, fires(t0, 60000), kPastTimers);
   EXPECT_TRUE(server.quiet(kNsPerSec));
 }
 
@@ -276,7 +331,7 @@ TEST(IwCm, LostFinEndsInAReset) {
   lab->add_rule(drop_opcode("TCP_FIN", 1));
   const TimeNs t1 = lab->runtime().now_ns();
   client.id->disconnect();
-  client.expect(E::DISCONNECTED, -ETIMEDOUT, fires(t1, 60000), 2 * kIwTimeoutNs);
+  client.expect(E::DISCONNECTED, -ETIMEDOUT, fires(t1, 60000), kPastTimers);
   EXPECT_EQ(client.id->qp()->state(), QpState::ERR);
   server.expect(E::DISCONNECTED, -ECONNRESET, fires(t1, 60000) + kLatency);
   EXPECT_EQ(server.id->qp()->state(), QpState::ERR);
@@ -294,7 +349,7 @@ TEST(IwCm, SiwLostFinClosesAtOnceAndLeavesThePeerHalfOpen) {
   client.id->disconnect();
   client.expect(E::DISCONNECTED, 0, t1);
   EXPECT_EQ(client.id->qp()->state(), QpState::SQD);
-  EXPECT_TRUE(server.quiet(2 * kIwTimeoutNs));
+  EXPECT_TRUE(server.quiet(kPastTimers));
   EXPECT_EQ(server.id->qp()->state(), QpState::RTS);
 }
 
@@ -362,7 +417,7 @@ TEST(IwCm, DestroyWithQueuedEventsDropsThem) {
   EXPECT_EQ(state_at_destroy, "ESTABLISHED");  // the DISCONNECT was still queued
   EXPECT_EQ(count_records(*lab, "iw_event_dropped", "event", "DISCONNECT"), 1u);
   EXPECT_TRUE(server.id->destroyed());
-  EXPECT_TRUE(server.quiet(2 * kIwTimeoutNs));
+  EXPECT_TRUE(server.quiet(kPastTimers));
   EXPECT_TRUE(client.quiet(kNsPerSec));
 }
 

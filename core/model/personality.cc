@@ -113,6 +113,12 @@ Personality iwarp_cxgb4() {
   // cm.c:111 ep_timeout_secs = 60: c4iw_ep_disconnect starts the ep timer; process_timeout in
   // CLOSING/MORIBUND: QP to ERROR, close_complete_upcall(ep, -ETIMEDOUT), then an abort (Q5).
   p.caps.iw_close_timeout_s = 60;
+  // cm.c:111 ep_timeout_secs = 60 (module parameter) and start_ep_timer: jiffies +
+  // ep_timeout_secs * HZ, in 6.1.192 and 7.2.13. Active: send_mpa_req starts it (MPA_REQ_SENT);
+  // passive: pass_establish starts it (MPA_REQ_WAIT). The model has no cxgb4 TCP handshake,
+  // so only the active one runs.
+  p.iw_mpa_reply_timeout_ms = 60000;
+  p.iw_mpa_request_timeout_ms = 60000;
   p.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids
   p.first_qpn = 1024;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
@@ -146,6 +152,14 @@ Personality iwarp_siw() {
   p.caps.connect_is_synchronous = true;
   // siw_cm.c siw_qp_cm_drop(qp, 0): IW_CM_EVENT_CLOSE(0) at once, the socket released (Q5).
   p.caps.iw_close_timeout_s = 0;
+  // siw_cm.h MPAREQ_TIMEOUT (HZ * 10) and MPAREP_TIMEOUT (HZ * 5), the same in 6.1.192 and
+  // 7.2.13; siw_cm.c siw_cm_queue_work(SIW_CM_WORK_MPATIMEOUT) queues the delayed work with
+  // MPAREQ_TIMEOUT in SIW_EPSTATE_AWAIT_MPAREP (siw_connect, after its MPA request) and
+  // MPAREP_TIMEOUT otherwise (siw_accept_newconn, SIW_EPSTATE_AWAIT_MPAREQ): the names are the
+  // message sent, not the one awaited. siw_cm_work_handler MPATIMEOUT: AWAIT_MPAREP ->
+  // CONNECT_REPLY -ETIMEDOUT; AWAIT_MPAREQ -> the socket released; other states: nothing.
+  p.iw_mpa_reply_timeout_ms = 10000;
+  p.iw_mpa_request_timeout_ms = 5000;
   p.qpn_policy = QpnPolicy::kIncrement;                           // (model)
   p.first_qpn = 1;
   p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full

@@ -50,6 +50,15 @@ struct Personality {
   // iWARP: the status of DISCONNECTED (IW_CM_EVENT_CLOSE) when the connection ends in an abort
   // (a TCP RST from the peer, or our own abrupt close).
   int abort_close_status = -ECONNRESET;
+  // iWARP MPA timers, kernel timers on the wheel (ms; the model arms them through
+  // kernel_timer_delay_ns). The active side waiting for the MPA reply after its MPA request:
+  // when it runs, CONNECT_REPLY -ETIMEDOUT (rdma_cm UNREACHABLE).
+  uint32_t iw_mpa_reply_timeout_ms = 0;
+  // The passive side waiting for the MPA request on a TCP connection it accepted: when it
+  // runs, the socket is released (a FIN). The model arms it where it models the TCP handshake
+  // (caps.connect_is_synchronous); elsewhere the passive endpoint begins with the request.
+  uint32_t iw_mpa_request_timeout_ms = 0;
+  // (The close timer is caps.iw_close_timeout_s: the callers of caps read it.)
   // iWARP: SQD is RDMAC CLOSING; no posts in CLOSING; modify to CLOSING with SQ WRs -> ERR.
   bool iwarp_closing = false;
   // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
