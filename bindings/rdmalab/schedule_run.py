@@ -33,6 +33,7 @@ class Side:
     cm_id: Any = None
     player: Any = None   # resources.CmSide once established
     holding: bool = False  # the application holds the acks of this id's events
+    remote: tuple = (0, 0)  # the peer's MR (addr, rkey), exchanged once established
     closed: bool = False
 
 
@@ -246,6 +247,10 @@ class Runner(XrcOps):
             for side in (c.client, c.server):
                 side.player = CmSide(self.lab, side.cm_id)
                 self._dispatcher(side).watch(side.player.qp, self._handler)
+            # The applications exchange their buffers' address and rkey once, as they would
+            # in private data: an RDMA op after the peer's MR is gone uses the stale rkey.
+            c.client.remote = (c.server.player.mr.addr, c.server.player.mr.rkey)
+            c.server.remote = (c.client.player.mr.addr, c.client.player.mr.rkey)
             c.state = "established"
             return "established"
         c.state = "failed"
@@ -287,12 +292,12 @@ class Runner(XrcOps):
 
     def _op_post(self, st: dict) -> str:
         p, opcode = self._player(st), st.get("opcode", "SEND")
-        peer = self.conns[st["conn"]].server if st["side"] == "client" else \
-            self.conns[st["conn"]].client
+        kw = {"signaled": st["signaled"]} if "signaled" in st else {}
+        if opcode != "SEND":
+            addr, rkey = self._side(st).remote
+            kw.update(remote_addr=addr, rkey=rkey)
         for _ in range(st.get("n", 1)):
-            kw = {"signaled": st["signaled"]} if "signaled" in st else {}
-            p.post_send(opcode=opcode, wr_id=self._wr(st),
-                        peer=peer.player if opcode != "SEND" else None, **kw)
+            p.post_send(opcode=opcode, wr_id=self._wr(st), **kw)
         return ""
 
     def _op_hold_acks(self, st: dict) -> str:
