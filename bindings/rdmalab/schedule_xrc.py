@@ -27,8 +27,9 @@ from .errors import DeadlineExceeded, Error, FaultNotSupported, Hung
 from .schedule import xrc_srqs
 
 # The sender's transport timers: a send to a vanished TGT QP ends in RETRY_EXC_ERR after 4
-# tries of 4.096 us * 2^10 (17 ms); an SRQ with no receive posted ends in RNR_RETRY_EXC_ERR.
-XRC_PARAMS = {"timeout": 10, "retry_cnt": 3, "rnr_retry": 3}
+# tries of 4.096 us * 2^14 (268 ms: longer than a reorder rule's hold, so reordering alone
+# does not exhaust them); an SRQ with no receive posted ends in RNR_RETRY_EXC_ERR.
+XRC_PARAMS = {"timeout": 14, "retry_cnt": 3, "rnr_retry": 3}
 XRC_LEN = 64
 _paths = itertools.count(1)
 

@@ -13,8 +13,9 @@ QP must keep working. Broken when, before the runner's `teardown_begin`:
 - the model records `tgt_qp_destroyed` for it while such a reference is held, or
 - a send of the domain's sender completes with RETRY_EXC_ERR (the responder never answered:
   a TGT QP that is gone; a live one NAKs with REM_* or RNR), the TGT QP never entered ERR, no
-  reference count reached zero before, and no fault but kills acted (packet loss, a port down
-  or a reboot also exhaust retries: then unknown, with the reason).
+  reference count reached zero before, and no fault touched the two hosts before it (packet
+  loss or a long reorder between them, a port down or a reboot also exhaust retries: then
+  unknown, with the reason; kills, injected async events and faults on CM MADs do not).
 A device whose rule is unknown is judged only where both rules agree (a handle and an XRCD
 reference held).
 
@@ -31,6 +32,9 @@ NAME = "xrc"
 _PERSONALITY_RULE = {"ib": "handle", "ib-legacy": "xrcd"}
 _KEEPS = {"handle": ("qp",), "xrcd": ("xrcd",), "unknown": ("qp", "xrcd")}
 _GONE = "RETRY_EXC_ERR"
+# Faults that cannot exhaust a sender's retries: a kill (judged through the references it
+# drops) and an injected async event (it acts on its own QP only).
+_HARMLESS = ("kill", "async_event")
 
 
 class _Domain:
@@ -59,7 +63,7 @@ def check(history: list, ctx: Context) -> Result:
     res = Result(NAME)
     domains: dict[tuple, _Domain] = {}      # (host, xrc) -> domain
     senders: dict[tuple, _Domain] = {}      # (sender host, qp_num) -> its domain
-    faulted = None                          # first fault other than a kill: its seq
+    faults: list = []                       # (seq, hosts it touched or None: any)
     unjudged = []
     for r in history:
         k, d, host = r["kind"], r.get("data", {}), r["host"]
@@ -85,14 +89,14 @@ def check(history: list, ctx: Context) -> Result:
             dom.changed()
         elif k in ("fault", "process_crash", "host_lost"):
             what = d.get("fault") if k == "fault" else k
-            if what != "kill" and faulted is None:
-                faulted = r["seq"]
+            if what not in _HARMLESS and d.get("opcode") != "MAD":  # a MAD: the CM's
+                faults.append((r["seq"], _touched(r)))
             if what in ("kill", "process_crash"):
                 _drop(domains, host, d.get("process"))
             elif what in ("reboot", "host_lost"):
                 _drop(domains, d.get("host") or host, None)
-        elif k.startswith("switch_") and faulted is None:
-            faulted = r["seq"]
+        elif k.startswith("switch_"):
+            faults.append((r["seq"], None))
         elif k == "tgt_qp_destroyed":
             for dom in domains.values():
                 if (dom.host, dom.tgt_qpn) == (host, d.get("qp_num")) and not dom.ended:
@@ -105,9 +109,11 @@ def check(history: list, ctx: Context) -> Result:
             dom = senders[(host, d["qp_num"])]
             if dom.ended or dom.errored:
                 continue
-            if faulted is not None:
+            pair = {host, dom.host}
+            hit = next((seq for seq, hosts in faults if hosts is None or hosts <= pair), None)
+            if hit is not None:
                 unjudged.append(f"{host} wr_id {d.get('wr_id')} (record {r['seq']}; a fault "
-                                f"acted at record {faulted})")
+                                f"acted at record {hit})")
                 continue
             _gone(res, dom, r, f"unreachable: a send from {host} got {_GONE} "
                                f"(wr_id {d.get('wr_id')})")
@@ -116,6 +122,18 @@ def check(history: list, ctx: Context) -> Result:
         res.reason = (f"{len(unjudged)} sends to a TGT QP still held ended {_GONE} after a "
                       f"fault that also exhausts retries: {', '.join(unjudged[:3])}")
     return res
+
+
+def _touched(r: dict):
+    """The hosts a fault record touched: a packet's two ends, a port's or reboot's host;
+    None when the record does not say (then it may have touched any)."""
+    d = r["data"]
+    if d.get("src") and d.get("dst"):
+        return frozenset((d["src"], d["dst"]))
+    if d.get("fault") in ("port_down", "port_up", "reboot", "host_lost") or \
+            r["kind"] == "host_lost":
+        return frozenset((d.get("host") or r["host"],))
+    return None
 
 
 def _drop(domains: dict, host: str, process) -> None:
