@@ -218,6 +218,8 @@ class Schedule:
         for key in ("n", "ns", "down_ns", "driver_delay_ns", "srq"):
             if key in step and step[key] < 0:
                 raise ScheduleError(f"{at}: {key} must be >= 0")
+        if step.get("n", 0) > 999:  # wr_ids are (step + 1) * 1000 + k (schedule_run._wr)
+            raise ScheduleError(f"{at}: n must be <= 999")
 
     def _check_moment(self, at_obj: Any, conns: set, at: str) -> None:
         if not isinstance(at_obj, dict) or at_obj.get("moment") not in MOMENTS:

@@ -22,6 +22,7 @@ _CONNECT_ENDS = ("ESTABLISHED", "REJECTED", "UNREACHABLE", "CONNECT_ERROR", "DEV
                  "ADDR_ERROR", "ROUTE_ERROR", "DISCONNECTED")
 _BASE_PORT = 18000
 HANDLER_NS = ms(1)
+WR_PER_STEP = 1000  # wr_id = (step + 1) * 1000 + k; schedule.py bounds n below it
 
 
 @dataclasses.dataclass
@@ -73,7 +74,7 @@ class Runner(XrcOps):
         self.rules: dict[str, Any] = {}
         self.procs: dict[tuple, Any] = {}      # (host, name) -> the live process
         self.every_proc: list[tuple] = []      # every process made, killed ones too
-        self.next_wr = 1                       # wr_ids unique in the run (one ledger a host)
+        self.step_i, self.step_k = 0, 0        # the step running, its WRs so far (_wr)
         self.channels: dict[tuple, Any] = {}
         self.dispatchers: dict[tuple, Any] = {}   # (host, process) -> async-event Dispatcher
         self.killable = {(st["host"], st["process"]) for st in schedule.steps
@@ -112,6 +113,8 @@ class Runner(XrcOps):
 
     def _step(self, i: int, step: dict) -> None:
         op = step["op"]
+        outer = self.step_i, self.step_k  # a trigger's step runs inside another step
+        self.step_i, self.step_k = i, 0
         try:
             detail = getattr(self, "_op_" + op)(step)
             self._result(i, step, "ok", detail=detail or "")
@@ -126,6 +129,8 @@ class Runner(XrcOps):
                          detail=str(e)[:300])
         except ValueError as e:  # a rule the lab's parser refused: the schedule is wrong
             raise ScheduleError(f"step {i} ({op}): {e}") from None
+        finally:
+            self.step_i, self.step_k = outer
         self._fire_qpn_triggers()
 
     def _result(self, i: int, step: dict, result: str, **data) -> None:
@@ -473,8 +478,10 @@ class Runner(XrcOps):
         return side.cm_id
 
     def _wr(self, st: dict) -> int:
-        n = self.next_wr
-        self.next_wr += 1
+        """Step i's k-th WR is (i + 1) * 1000 + k: the same ids on every lab whatever the steps
+        before did (a step refused on one lab consumes no number another lab gives out)."""
+        n = (self.step_i + 1) * WR_PER_STEP + self.step_k
+        self.step_k += 1
         return n
 
     def _close(self, side: Side, release_acks: bool = True) -> None:
