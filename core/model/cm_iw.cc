@@ -581,20 +581,34 @@ void IwCm::reject(uint32_t id, const std::vector<uint8_t>& private_data) {
   }
 }
 
-// iw_cm_disconnect: ESTABLISHED -> CLOSING, the QP to SQD (graceful) or ERR (abrupt); the
-// provider sends a FIN or an RST. CLOSING and IDLE: nothing; before ESTABLISHED: EINVAL.
+// iw_cm_disconnect (iwcm.c, the same in 6.1.192 and 7.2.13): wait_event(connect_wait,
+// !IWCM_F_CONNECT_WAIT), with no deadline, so a connect or accept in flight ends first
+// (CONN_SENT -> ESTABLISHED or IDLE, CONN_RECV -> ESTABLISHED); then ESTABLISHED -> CLOSING and
+// the QP to SQD (graceful) or ERR (abrupt), which makes the provider send a FIN or an RST;
+// ESTABLISHED without a QP: CLOSING and -EINVAL; LISTEN: -EINVAL; CLOSING, IDLE and CONN_RECV
+// (not accepted): nothing, 0; CONN_SENT (the wait failed) and anything else: BUG().
 void IwCm::disconnect(uint32_t id, bool abrupt) {
-  Ep& ep = get("iw_cm_disconnect", id);
+  if (get("iw_cm_disconnect", id).connect_wait) {
+    // The kernel waits as long as it takes; the model's bound is the provider's own.
+    await_connect(id, env_.runtime.now_ns(), "iw_cm_disconnect");
+  }
+  Ep* found = find(id);
+  if (found == nullptr) return;  // a reboot ended it meanwhile
+  Ep& ep = *found;
   switch (ep.state) {
     case IwCmState::ESTABLISHED:
       set_state(ep, IwCmState::CLOSING);
+      if (!ep.qp) throw Error("iw_cm_disconnect", EINVAL, label(id) + " has no QP");
       break;
-    case IwCmState::CONN_SENT:
     case IwCmState::LISTEN:
-    case IwCmState::CONN_RECV:
       throw Error("iw_cm_disconnect", EINVAL, to_string(ep.state));
-    default:
+    case IwCmState::CLOSING:
+    case IwCmState::IDLE:
+    case IwCmState::CONN_RECV:
       return;
+    default:
+      throw Error("iw_cm_disconnect", EINVAL,
+                  label(id) + " in " + to_string(ep.state) + ": iw_cm_disconnect BUG()s there");
   }
   qp_to(ep, abrupt);
   if (!ep.connected) return;
@@ -616,7 +630,7 @@ void IwCm::disconnect(uint32_t id, bool abrupt) {
 void IwCm::destroy_id(uint32_t id, std::optional<TimeNs> deadline_ns) {
   Ep* ep = find(id);
   if (ep == nullptr || ep->destroy_pending || ep->state == IwCmState::DESTROYING) return;
-  if (ep->connect_wait && deadline_ns) await_connect(id, *deadline_ns);
+  if (ep->connect_wait && deadline_ns) await_connect(id, *deadline_ns, "iw_destroy_cm_id");
   ep = find(id);  // a reboot or a kill may have ended it meanwhile
   if (ep == nullptr || ep->destroy_pending || ep->state == IwCmState::DESTROYING) return;
   if (ep->connect_wait) {
@@ -647,10 +661,11 @@ TimeNs IwCm::connect_bound_ns() const {
 // to the MPA timeout), so a model that returned at an earlier caller's deadline would predict
 // what no device does. Past both (a model defect: nothing ends the connect) it records `hung`
 // with the dump, which the bounded checker reports, and the destroy is left pending.
-bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns) {
+bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns, const std::string& verb) {
   const TimeNs start = env_.runtime.now_ns();
   const TimeNs bound = std::max(deadline_ns, start + connect_bound_ns());
-  env_.record(dev_.host, label(id), "cm_destroy_wait",
+  env_.record(dev_.host, label(id),
+              verb == "iw_cm_disconnect" ? "cm_disconnect_wait" : "cm_destroy_wait",
               {{"layer", "iw_cm"}, {"state", to_string(find(id)->state)}});
   const bool done = env_.runtime.wait_until(
       [this, id] {
@@ -660,7 +675,7 @@ bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns) {
       bound);
   if (!done && env_.runtime.now_ns() >= bound && !env_.runtime.stopping()) {
     env_.record(dev_.host, label(id), "hung",
-                {{"what", "iw_destroy_cm_id: connect_wait never cleared on " + label(id)},
+                {{"what", verb + ": connect_wait never cleared on " + label(id)},
                  {"dump", dump()}});
   }
   return done;

@@ -71,7 +71,9 @@ class IwCm {
                const std::vector<uint8_t>& private_data);
   void accept(uint32_t id, QpCore* qp, const std::vector<uint8_t>& private_data);
   void reject(uint32_t id, const std::vector<uint8_t>& private_data);
-  void disconnect(uint32_t id, bool abrupt);  // iw_cm_disconnect; EINVAL before ESTABLISHED
+  // iw_cm_disconnect: first waits, as destroy does, while a connect or accept is in flight,
+  // then acts on the state it ended in (EINVAL only in LISTEN).
+  void disconnect(uint32_t id, bool abrupt);
   // iw_destroy_cm_id. While a connect or accept is in flight (IWCM_F_CONNECT_WAIT) it first
   // waits until the CONNECT_REPLY or ESTABLISHED event moved the id on, as destroy_cm_id does:
   // with a deadline_ns (rdma_destroy_id's), it blocks; without one (a kill, the model's own
@@ -144,9 +146,9 @@ class IwCm {
   void closed(Ep& ep, bool abort, int status);  // the endpoint is down: QP ERR, CLOSE upcall
   void released(Ep& ep);  // siw: CLOSE(0) at once, the socket released, the QP left CLOSING
   void drop_work(Ep& ep);
-  // destroy_cm_id's wait_event(connect_wait, ...); true when connect_wait cleared (or the id
-  // is gone).
-  bool await_connect(uint32_t id, TimeNs deadline_ns);
+  // The wait_event(connect_wait, ...) of destroy_cm_id and iw_cm_disconnect (verb); true when
+  // connect_wait cleared (or the id is gone).
+  bool await_connect(uint32_t id, TimeNs deadline_ns, const std::string& verb);
   TimeNs connect_bound_ns() const;
   void finish_destroy(Ep& ep);  // destroy_cm_id after the wait
   void maybe_free(uint32_t id);

@@ -205,6 +205,84 @@ TEST_P(IwPers, UnansweredMpaRequestIsUnreachableAtTheProvidersTimeout) {
   client.expect(E::UNREACHABLE, -ETIMEDOUT, fires(t0, mpa_reply_ms(GetParam())), kPastTimers);
 }
 
+// rdma_disconnect while the MPA reply is on the wire: iw_cm_disconnect waits on connect_wait
+// until it arrives (CONN_SENT -> ESTABLISHED), then closes what it made (ESTABLISHED ->
+// CLOSING, the QP to SQD, a FIN): the user reads ESTABLISHED, then DISCONNECTED.
+TEST_P(IwPers, DisconnectWhileConnSentWaitsForTheMpaReply) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  server.accept_next();  // its MPA reply reaches b one latency from now
+  const TimeNs t1 = lab->runtime().now_ns();
+  EXPECT_EQ(client.id->protocol_state(), "CONN_SENT");
+  client.id->disconnect();  // 6.1 returned EINVAL here in the model; iwcm.c waits
+  EXPECT_EQ(lab->runtime().now_ns(), t1 + kLatency);
+  EXPECT_EQ(count_records(*lab, "cm_disconnect_wait", "state", "CONN_SENT"), 1u);
+  EXPECT_EQ(iw_transitions(*lab, "b"), (std::vector<std::string>{
+                                           "IDLE->CONN_SENT", "CONN_SENT->ESTABLISHED",
+                                           "ESTABLISHED->CLOSING"}));
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  EXPECT_EQ(client.next().event, E::DISCONNECTED);
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+  EXPECT_EQ(server.next().event, E::DISCONNECTED);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_FIN"), 2u);
+  EXPECT_EQ(count_kind(*lab, "hung"), 0u);
+}
+
+// rdma_disconnect while the MPA request is unanswered: the wait lasts until the provider's MPA
+// timer ends the connect (CONN_SENT -> IDLE); in IDLE iw_cm_disconnect does nothing and
+// returns 0 ("accept or connect returned !0"): no FIN, and the user reads UNREACHABLE.
+TEST_P(IwPers, DisconnectWhileConnSentWaitsForTheMpaTimeout) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();
+  EXPECT_EQ(server.next().event, E::CONNECT_REQUEST);  // never accepted
+  client.id->disconnect();
+  const TimeNs fired = fires(t0, mpa_reply_ms(GetParam()));
+  EXPECT_EQ(lab->runtime().now_ns(), fired);
+  EXPECT_EQ(iw_transitions(*lab, "b"),
+            (std::vector<std::string>{"IDLE->CONN_SENT", "CONN_SENT->IDLE"}));
+  client.expect(E::UNREACHABLE, -ETIMEDOUT, fired);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_FIN"), 0u);
+  EXPECT_EQ(count_kind(*lab, "hung"), 0u);
+  EXPECT_TRUE(client.quiet(kNsPerSec));
+}
+
+// rdma_disconnect on a CONNECT_REQUEST's id before accepting: iw_cm_disconnect in CONN_RECV
+// does nothing and returns 0 ("App called disconnect before/without calling accept"); the
+// accept still works.
+TEST_P(IwPers, DisconnectBeforeAcceptDoesNothing) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  client.start_connect("a");
+  CmEvent req = server.next();
+  ASSERT_EQ(req.event, E::CONNECT_REQUEST);
+  server.id = server.ch->find_id(req.id);
+  server.id->disconnect();
+  EXPECT_EQ(server.id->protocol_state(), "CONN_RECV");
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_FIN"), 0u);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 0u);
+  server.make_qp(*server.id);
+  server.id->accept(ConnParam{});
+  EXPECT_EQ(client.next().event, E::ESTABLISHED);
+  EXPECT_EQ(server.next().event, E::ESTABLISHED);
+}
+
+// rdma_disconnect on a listener: iw_cm_disconnect in LISTEN is -EINVAL.
+TEST_P(IwPers, DisconnectOnAListenerIsEinval) {
+  auto lab = lab_of({{"a", GetParam()}, {"b", GetParam()}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  server.listen();
+  EXPECT_EQ(err_of([&] { server.listener->disconnect(); }), EINVAL);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cxgb4Siw, IwPers, ::testing::Values("iwarp-cxgb4", "iwarp-siw"));
 
 // The MPA timeouts are the drivers' constants (6.1.192 and 7.2.13): siw_cm.h MPAREQ_TIMEOUT
