@@ -153,3 +153,38 @@ def tcp_syn_give_up_range_ns(syn_retries: int, hz: int) -> tuple[int, int]:
         a, b = kernel_timer_range_ns(1000 << i, hz)
         lo, hi = lo + a, hi + b
     return lo, hi
+
+
+# caps.personality on a device is its driver; the model names the personality that copies it.
+_IW_PERSONALITY_OF_DRIVER = {"siw": "iwarp-siw", "cxgb4": "iwarp-cxgb4"}
+
+
+@dataclasses.dataclass(frozen=True)
+class IwMpaTiming:
+    """The iWARP provider's MPA timers, from the engine's personality table (one home:
+    Personality::iw_mpa_reply_timeout_ms / iw_mpa_request_timeout_ms, personality.cc cites
+    the drivers; docs/semantics.md F). siw: 10 s awaiting the reply (MPAREQ_TIMEOUT), 5 s
+    awaiting the request (MPAREP_TIMEOUT); cxgb4: 60 s (ep_timeout_secs) for both.
+
+        t = IwMpaTiming.for_caps(ctx.caps)
+        lo, hi = t.reply_timeout_range_ns   # UNREACHABLE(-ETIMEDOUT) after the MPA request
+    """
+    reply_timeout_ms: int
+    request_timeout_ms: int
+    kernel_hz: int = 250
+
+    @classmethod
+    def for_caps(cls, caps) -> "IwMpaTiming":
+        name = _IW_PERSONALITY_OF_DRIVER.get(caps.personality, caps.personality)
+        reply_ms, request_ms = _core.iw_mpa_timeouts_ms(name)
+        return cls(reply_ms, request_ms, getattr(caps, "kernel_hz", 0))
+
+    @property
+    def reply_timeout_range_ns(self) -> tuple[int, int]:
+        """(earliest, latest) the active side's MPA timer runs after its MPA request."""
+        return kernel_timer_range_ns(self.reply_timeout_ms, self.kernel_hz)
+
+    @property
+    def request_timeout_range_ns(self) -> tuple[int, int]:
+        """(earliest, latest) the passive side's MPA timer runs after the TCP accept."""
+        return kernel_timer_range_ns(self.request_timeout_ms, self.kernel_hz)

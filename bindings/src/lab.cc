@@ -5,6 +5,7 @@
 
 #include "bind.h"
 #include "faults/rules.h"
+#include "model/personality.h"
 #include "rdmalab/model.h"
 #include "verbs/verbs_lab.h"
 
@@ -191,6 +192,15 @@ void bind_model_lab(py::module_& m) {
       "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
       arg("options"), kRelease);
   m.def("personalities", &model::personalities);
+  // A model personality's iWARP MPA timers, (reply_ms, request_ms): the one home of the fact
+  // (personality.cc cites the drivers) for bounds computed in Python (cm_timing.IwMpaTiming).
+  m.def(
+      "iw_mpa_timeouts_ms",
+      [](const std::string& name) {
+        const model::Personality& p = model::personality(name);
+        return py::make_tuple(p.iw_mpa_reply_timeout_ms, p.iw_mpa_request_timeout_ms);
+      },
+      arg("personality"));
   // The fault switch's validation of a wire rule, for a lab that sends its rules to the switch:
   // the same error as the model's add_rule gives.
   m.def(
