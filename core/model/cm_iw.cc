@@ -370,10 +370,12 @@ void IwCm::on_ack(Ep& ep) {
 }
 
 void IwCm::on_rst(Ep& ep) {
+  const bool mpa_sent = ep.timer != 0;  // the MPA timer runs from the request on
   env_.runtime.cancel(ep.timer);
   ep.timer = 0;
-  if (ep.tcp_result == 1 && !ep.connected && ep.state == IwCmState::CONN_SENT &&
-      dev_.caps.connect_is_synchronous) {
+  const bool sync = dev_.caps.connect_is_synchronous;
+  if (ep.tcp_result == 1 && !ep.connected && ep.state == IwCmState::CONN_SENT && sync &&
+      !mpa_sent) {
     ep.tcp_result = -ECONNREFUSED;  // the SYN met no listener: the connect() fails
     return;
   }
@@ -381,7 +383,9 @@ void IwCm::on_rst(Ep& ep) {
     if (ep.state != IwCmState::CONN_SENT) return;
     IwCmEvent ev;
     ev.type = IwCmEventType::CONNECT_REPLY;
-    ev.status = -ECONNREFUSED;
+    // siw: the TCP connection was made, its reset is SIW_CM_WORK_PEER_CLOSE in
+    // SIW_EPSTATE_AWAIT_MPAREP: -ECONNRESET; cxgb4: the RST to its request, -ECONNREFUSED.
+    ev.status = sync ? -ECONNRESET : -ECONNREFUSED;
     upcall(ep, ev);
     return maybe_free(ep.id);
   }

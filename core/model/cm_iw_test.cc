@@ -315,6 +315,24 @@ TEST(IwCm, SiwLostMpaRequestIsRejectedWhenThePassiveSocketCloses) {
   EXPECT_TRUE(client.quiet(kNsPerSec));    // and no UNREACHABLE from the 10 s timer
 }
 
+// siw, the listener gone between the TCP connect and the MPA request: b answers the request
+// with an RST; a, in SIW_EPSTATE_AWAIT_MPAREP, takes the reset as SIW_CM_WORK_PEER_CLOSE:
+// CONNECT_REPLY -ECONNRESET, REJECTED at once (not its 10 s timer).
+TEST(IwCm, SiwResetAfterTheTcpConnectIsRejected) {
+  auto lab = lab_of({{"a", "iwarp-siw"}, {"b", "iwarp-siw"}});
+  CmEnd server = CmEnd::on(*lab, "a");
+  CmEnd client = CmEnd::on(*lab, "b");
+  server.listen();
+  const TimeNs hold = kNsPerMs;
+  lab->add_rule({{"action", "delay"}, {"opcode", "MPA_REQUEST"}, {"delay_ns", hold}});
+  client.start_connect("a");
+  const TimeNs t0 = lab->runtime().now_ns();
+  server.listener->destroy(t0 + kNsPerSec);
+  client.expect(E::REJECTED, -ECONNRESET, t0 + hold + 2 * kLatency);
+  EXPECT_EQ(count_records(*lab, "cm_send", "msg", "TCP_RST"), 1u);
+  EXPECT_TRUE(client.quiet(2 * mpa_reply_ms("iwarp-siw") * kNsPerMs));
+}
+
 TEST(IwCm, NoListenerIsRefused) {
   auto lab = lab_of({{"a", "iwarp-cxgb4"}, {"b", "iwarp-cxgb4"}});
   CmEnd client = CmEnd::on(*lab, "b");
