@@ -34,6 +34,9 @@ CM_EVENTS = allowed(_core.CmEventType)
 FAILURE_EVENTS = ("ADDR_ERROR", "ROUTE_ERROR", "CONNECT_ERROR", "UNREACHABLE", "REJECTED",
                   "DEVICE_REMOVAL")
 _FAILURE_TYPES = tuple(parse(_core.CmEventType, f, "CM event") for f in FAILURE_EVENTS)
+# wait()'s event types by wanted event, when fail_on is the default (built once: comparing
+# the engine's enums costs more than the wait itself when the event is there already).
+_DEFAULT_WAIT_TYPES: dict[str, list] = {}
 REJ_REASON = dict(_core.CM_REJ_REASON)  # IB REJ reasons: "STALE_CONN": 10, ...
 _REJ_NAME = {v: k for k, v in REJ_REASON.items()}
 _PARAM_KEYS = ("responder_resources", "initiator_depth", "retry_count", "rnr_retry_count")
@@ -363,7 +366,10 @@ class CmId:
         want = parse(_core.CmEventType, event, "CM event")
         want_name = name(want)
         if fail_on is None:
-            types = [want] + [t for t in _FAILURE_TYPES if t != want]
+            types = _DEFAULT_WAIT_TYPES.get(want_name)
+            if types is None:
+                types = _DEFAULT_WAIT_TYPES[want_name] = [want] + [
+                    t for t in _FAILURE_TYPES if t != want]
         else:
             types = [want] + [parse(_core.CmEventType, f, "CM event") for f in fail_on
                               if f != want_name]

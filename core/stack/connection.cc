@@ -38,11 +38,14 @@ struct Entry {
   std::vector<CmEvent> held;    // read, handled or dropped, not acked
 };
 
+// Built key by key: a braced list would build each pair as a two-element array first, and
+// several records per event make this the pump's hottest allocation.
 nlohmann::json event_json(const CmEvent& ev) {
-  nlohmann::json j = {{"event", std::string(to_string(ev.event))},
-                      {"status", ev.status},
-                      {"id", ev.id},
-                      {"seq", ev.seq}};
+  nlohmann::json j(nlohmann::json::value_t::object);
+  j["event"] = std::string(to_string(ev.event));
+  j["status"] = ev.status;
+  j["id"] = ev.id;
+  j["seq"] = ev.seq;
   if (ev.event == CmEventType::CONNECT_REQUEST) j["listen_id"] = ev.listen_id;
   return j;
 }
@@ -68,6 +71,20 @@ struct CmEventPump::State {
   bool paused = false;   // pause_reading(): the event thread leaves the channel alone
   bool reading = false;  // the event thread is in rdma_get_cm_event (or routing what it read)
   int live_threads = 0;
+  // Handler workers start with the first handler (watch, set_default_handler): without one
+  // every event is acked as it is read, and on the model each idle worker costs a spawn and
+  // baton passes at start and at stop.
+  int workers = 0;
+  bool has_handler = false;  // a handler was set: events may be queued for the workers
+  bool workers_up = false;   // spawned since the last start
+
+  void finish() {
+    {
+      std::lock_guard lock(mu);
+      --live_threads;
+    }
+    runtime.notify_all();
+  }
 
   void record(const std::string& object, const std::string& kind, nlohmann::json data) {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
@@ -146,6 +163,7 @@ struct CmEventPump::State {
     }
   }
 
+  static void start_workers(const std::shared_ptr<State>& s);
   void route(const CmEvent& ev);
   void event_loop();
   void worker_loop();
@@ -322,32 +340,51 @@ CmEventPump::~CmEventPump() {
   }
 }
 
+void CmEventPump::State::start_workers(const std::shared_ptr<State>& s) {
+  int n = 0;
+  {
+    std::lock_guard lock(s->mu);
+    if (s->workers_up || !s->has_handler || s->stop || s->live_threads == 0) return;
+    s->workers_up = true;
+    n = s->workers;
+    s->live_threads += n;
+  }
+  for (int i = 0; i < n; ++i) {
+    try {
+      s->runtime.spawn(s->host + ":cm_worker" + std::to_string(i), [s] {
+        s->worker_loop();
+        s->finish();
+      });
+    } catch (...) {  // the runtime is shutting down: the workers not spawned never ran
+      std::lock_guard lock(s->mu);
+      s->live_threads -= n - i;
+      throw;
+    }
+  }
+}
+
 void CmEventPump::start() {
   State& st = *state_;
   {
     std::lock_guard lock(st.mu);
     if (st.live_threads > 0) throw Error("CmEventPump::start", EALREADY, "already started");
     st.stop = false;
-    st.live_threads = 1 + workers_;
+    st.live_threads = 1;
+    st.workers = workers_;
+    st.workers_up = false;
   }
   std::shared_ptr<State> shared = state_;
-  auto finish = [](const std::shared_ptr<State>& s) {
-    {
-      std::lock_guard lock(s->mu);
-      --s->live_threads;
-    }
-    s->runtime.notify_all();
-  };
-  runtime_.spawn(st.host + ":cm_events", [shared, finish] {
-    shared->event_loop();
-    finish(shared);
-  });
-  for (int i = 0; i < workers_; ++i) {
-    runtime_.spawn(st.host + ":cm_worker" + std::to_string(i), [shared, finish] {
-      shared->worker_loop();
-      finish(shared);
+  try {
+    runtime_.spawn(st.host + ":cm_events", [shared] {
+      shared->event_loop();
+      shared->finish();
     });
+  } catch (...) {
+    std::lock_guard lock(st.mu);
+    st.live_threads = 0;
+    throw;
   }
+  State::start_workers(state_);  // a handler set before start (or before a restart)
 }
 
 bool CmEventPump::running() const {
@@ -452,16 +489,24 @@ void CmEventPump::watch(const CmId& id, CmHandler handler) {
   if (!handler) throw Error("CmEventPump::watch", EINVAL, "empty handler");
   if (id.destroyed()) throw Error("CmEventPump::watch", EBADF, id.label() + " destroyed");
   const std::string label = id.label();
-  std::lock_guard lock(state_->mu);
-  auto e = state_->entry_locked(id.id(), label);
-  if (e->destroying) throw Error("CmEventPump::watch", EBADF, label + " is being destroyed");
-  if (e->handler) throw Error("CmEventPump::watch", EEXIST, label + " already watched");
-  e->handler = std::move(handler);
+  {
+    std::lock_guard lock(state_->mu);
+    auto e = state_->entry_locked(id.id(), label);
+    if (e->destroying) throw Error("CmEventPump::watch", EBADF, label + " is being destroyed");
+    if (e->handler) throw Error("CmEventPump::watch", EEXIST, label + " already watched");
+    e->handler = std::move(handler);
+    state_->has_handler = true;
+  }
+  State::start_workers(state_);
 }
 
 void CmEventPump::set_default_handler(CmHandler handler) {
-  std::lock_guard lock(state_->mu);
-  state_->fallback = std::move(handler);
+  {
+    std::lock_guard lock(state_->mu);
+    if (handler) state_->has_handler = true;
+    state_->fallback = std::move(handler);
+  }
+  State::start_workers(state_);
 }
 
 std::vector<CmEventRecord> CmEventPump::events(uint64_t id_object) const {

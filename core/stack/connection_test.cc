@@ -8,6 +8,7 @@
 
 #include <map>
 
+#include "model/sim_runtime.h"
 #include "rdmalab/error.h"
 #include "stack/test_lab.h"
 
@@ -172,6 +173,36 @@ TEST(CmPumpTest, UnackedEventMakesDestroyBusyButPumpedOneDoesNot) {
   EXPECT_TRUE(id->destroyed());
   EXPECT_EQ(pump.stats().delivered, 1u);
   pump.stop(lab.in(kNsPerSec));
+}
+
+// Handler workers start with the first handler: a pump whose events all go unhandled (acked
+// as read) runs its event thread alone; watch() starts the workers and the handler runs.
+TEST(CmPumpTest, WorkersStartWithTheFirstHandler) {
+  TwoHosts lab("ib");
+  auto& sim = dynamic_cast<model::SimRuntime&>(lab.rt());
+  auto has = [&sim](const std::string& name) {
+    return sim.dump_threads().find(name) != std::string::npos;
+  };
+  CmEventPump pump(lab.rt(), lab.a.proc->create_event_channel(), &lab.history(), "a", 2);
+  pump.start();
+  EXPECT_TRUE(has("a:cm_events"));
+  EXPECT_FALSE(has("a:cm_worker"));
+  auto id = pump.channel().create_id();
+  id->resolve_addr("b", kPort, kNsPerSec);
+  ASSERT_TRUE(pump.wait_event(id->id(), CmEventType::ADDR_RESOLVED, lab.in(kNsPerSec)));
+  EXPECT_EQ(pump.stats().unhandled, 1u);
+  EXPECT_FALSE(has("a:cm_worker"));
+
+  int handled = 0;
+  pump.watch(*id, [&handled](const CmEvent&) { ++handled; });
+  EXPECT_TRUE(has("a:cm_worker0"));
+  EXPECT_TRUE(has("a:cm_worker1"));
+  id->resolve_route(kNsPerSec);
+  ASSERT_TRUE(lab.rt().wait_until([&handled] { return handled == 1; }, lab.in(kNsPerSec)));
+  EXPECT_EQ(pump.stats().delivered, 1u);
+  pump.destroy_id(*id, lab.in(kNsPerSec));
+  pump.stop(lab.in(kNsPerSec));
+  EXPECT_FALSE(has("a:cm_"));
 }
 
 struct Call {
