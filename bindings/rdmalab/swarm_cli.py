@@ -32,6 +32,7 @@ from .schedule import Schedule, ScheduleError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO = pathlib.Path(__file__).resolve().parent / "schedule_scenario.py"
+PROGRESS_S = 30.0
 
 
 def parser(command: str) -> argparse.ArgumentParser:
@@ -104,8 +105,16 @@ def swarm_model(args, pers: list[str], out: pathlib.Path) -> int:
     t0, counts = time.monotonic(), {}
     failures: list = []
 
+    last = [t0]
+
     def seen(r) -> None:
         counts[r.personality] = counts.get(r.personality, 0) + 1
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_S:  # a whole line every PROGRESS_S, as progress.py does
+            last[0] = now
+            n = sum(counts.values())
+            print(f"swarm: {n} seeds, {len(failures)} failed, "
+                  f"{n / (now - t0) * 60:.0f} seeds/min", flush=True)
         if r.failed:
             failures.append(r)
             print(f"seed {r.seed} ({r.personality}) FAILED: {', '.join(r.signature)}: "
