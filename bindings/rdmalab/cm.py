@@ -83,7 +83,7 @@ class CmEvent:
 
     @classmethod
     def from_core(cls, e, t_ns: int = 0) -> "CmEvent":
-        return cls(name(e.event), e.status, e.id, e.listen_id, e.private_data, e.seq, t_ns, e)
+        return cls(e.event_name, e.status, e.id, e.listen_id, e.private_data, e.seq, t_ns, e)
 
     @property
     def status_name(self) -> str:

@@ -37,6 +37,9 @@ void bind_cm_values(py::module_& m) {
           "private_data", [](const CmEvent& e) { return to_bytes(e.private_data); },
           [](CmEvent& e, const py::bytes& b) { e.private_data = from_bytes(b); })
       .def_readwrite("seq", &CmEvent::seq)
+      // The spec name as a str: a Python enum object costs a registered instance and a hash.
+      .def_property_readonly("event_name",
+                             [](const CmEvent& e) { return std::string(to_string(e.event)); })
       .def("__repr__", [](const CmEvent& e) {
         return "<CmEvent " + std::string(to_string(e.event)) +
                " status=" + std::to_string(e.status) + " id=" + std::to_string(e.id) + ">";
