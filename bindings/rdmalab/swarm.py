@@ -329,12 +329,35 @@ def check_run(lab, schedule: Schedule, personality: str, keep_history: bool = Fa
                       history if keep_history else None, outcome.results)
 
 
+# A seed that runs away (wall time) is a failure of its own, never a stalled swarm: the model
+# is deterministic, so its replay command shows the same run.
+SEED_WALL_S = 60
+
+
+class Runaway(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Runaway(f"the seed ran past {SEED_WALL_S} s of wall time")
+
+
 def _seed_job(job: tuple) -> SeedResult:
+    import signal
     seed, personality, steps, mutations = job
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(SEED_WALL_S)
     try:
         r = run_on_model(draw(seed, personality, steps), personality, mutations)
+    except Runaway as e:
+        return SeedResult(seed, personality, steps, True, ("runaway",), [f"runaway: {e}"])
     except Exception as e:  # a harness bug is a failure of the seed, never a lost run
+        if "ran past" in str(e):  # the alarm parked in an engine callback and re-raised
+            return SeedResult(seed, personality, steps, True, ("runaway",), [f"runaway: {e}"])
         return SeedResult(seed, personality, steps, True, ("error",), [f"error: {e!r}"])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     r.results = None
     return r
 
