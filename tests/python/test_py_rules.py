@@ -18,7 +18,8 @@ from rdmalab import FaultNotSupported, _core, evidence, ms, sec
 from rdmalab.fabric import SwitchControl, SwitchError
 from rdmalab.resources import CmPair, RCPair
 
-MAC_A, MAC_B = "52:54:00:12:34:01", "52:54:00:12:34:02"
+from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
+
 DEADLINE_S = 10.0
 
 
@@ -65,21 +66,6 @@ def switch(tmp_path):
             s.close()
 
 
-def cm_req_frame() -> bytes:
-    """A CM REQ from a to b as RoCEv2 carries it: UD SEND_ONLY to QP 1, DETH (src QP 1), MAD."""
-    deth = (0x80010000).to_bytes(4, "big") + (1).to_bytes(4, "big")
-    mad = bytes([1, 0x07, 2, 0x03]) + bytes(12) + (0x10).to_bytes(2, "big") + bytes(238)
-    bth = bytes([0x64, 0, 0xFF, 0xFF]) + (1).to_bytes(4, "big") + (7).to_bytes(4, "big")
-    payload = deth + mad
-    udp_len = 8 + len(bth) + len(payload) + 4
-    ip = bytes([0x45, 0]) + (20 + udp_len).to_bytes(2, "big") + \
-        bytes([0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2])
-    udp = (49152).to_bytes(2, "big") + (4791).to_bytes(2, "big") + \
-        udp_len.to_bytes(2, "big") + b"\0\0"
-    return (bytes.fromhex(MAC_B.replace(":", "")) + bytes.fromhex(MAC_A.replace(":", ""))
-            + b"\x08\x00" + ip + udp + bth + payload + b"ICRC")
-
-
 # Each key of the switch beside cm="REQ": what the REQ from a to b is, and what it is not.
 REQ_KEYS = [{}, {"transport": "UD"}, {"transport": "RC"}, {"port": 4791}, {"port": 7471},
             {"opcode": "MAD"}, {"opcode": 0x04}, {"opcode": 0x64}, {"dest_qpn": 1},
@@ -93,7 +79,7 @@ def test_each_key_takes_the_cm_req_on_the_model_as_the_switch_takes_the_real_fra
     control, send = switch
     specs = [{"action": "watch", "cm": "REQ", **k} for k in REQ_KEYS]
     ids = [control.request("add_rule", rule=spec)["id"] for spec in specs]
-    send(cm_req_frame())
+    send(roce_cm_req())
     on_switch = {r["id"]: r["acted"] for r in control.request("rules")["rules"]}
     with ib_lab(pers="roce") as lab:
         rules = [lab.faults.rule(spec) for spec in specs]
@@ -137,7 +123,7 @@ def test_the_vm_lab_takes_the_same_rule_object_and_checks_it_first(switch):
     rule = faults.rule(spec)
     with pytest.raises(ValueError, match="rule.opcode: unknown opcode 'SEND_ONYL'"):
         faults.rule({"action": "drop", "opcode": "SEND_ONYL"})  # refused before it is sent
-    send(cm_req_frame())
+    send(roce_cm_req())
     assert rule.hits == 1 and rule.rule == {"cm": "REQ", "transport": "UD", "action": "watch"}
     assert [r["rule"] for r in control.request("rules")["rules"]] == [rule.rule]
     with ib_lab(pers="roce") as lab:
