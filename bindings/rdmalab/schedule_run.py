@@ -114,6 +114,19 @@ class Runner(XrcOps):
             self._release()
         return Outcome(self.s, self.results, self.hung)
 
+    def _cleanup(self, fn, *args) -> bool:
+        """One teardown call. A wait past its deadline is recorded as `hung` (False: the
+        caller decides whether the rest of that teardown can go on); any other error is an
+        object already gone with its process or host."""
+        try:
+            fn(*args)
+        except (Hung, DeadlineExceeded) as e:
+            self._hang(len(self.s.steps), {"op": "teardown"}, e)
+            return False
+        except Error:
+            pass
+        return True
+
     def _release(self) -> None:
         """Drops every object the run made. The engine holds the runner's callbacks (the
         dispatchers' handler, verb hooks) and the runner holds the lab: a cycle through C++
@@ -530,13 +543,8 @@ class Runner(XrcOps):
             # comparing here (a close "at once" races the peer's DREQ on a device).
             self.lab.record("teardown_begin", object="schedule")
             for side in self._sides():
-                try:
-                    self._close(side)
-                except (Hung, DeadlineExceeded) as e:
-                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
+                if not self._cleanup(self._close, side):
                     break
-                except Error:
-                    pass
             for c in self.conns.values():
                 for cm_id in c.extra:
                     if not cm_id.destroyed:
@@ -549,20 +557,10 @@ class Runner(XrcOps):
                         c.listener.destroy(self.destroy_ns)
                     except Error:
                         pass
-            for key, d in list(self.dispatchers.items()):
-                try:
-                    d.stop(self.destroy_ns)
-                except (Hung, DeadlineExceeded) as e:
-                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
-                except Error:
-                    pass
-            for key, ch in list(self.channels.items()):
-                try:
-                    ch.close(self.destroy_ns)
-                except (Hung, DeadlineExceeded) as e:
-                    self._hang(len(self.s.steps), {"op": "teardown"}, e)
-                except Error:
-                    pass
+            for d in list(self.dispatchers.values()):
+                self._cleanup(d.stop, self.destroy_ns)
+            for ch in list(self.channels.values()):
+                self._cleanup(ch.close, self.destroy_ns)
             self._xrc_teardown()
             objects = {}
             for host, name, proc in self.every_proc:

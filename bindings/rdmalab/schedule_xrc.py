@@ -23,7 +23,7 @@ import itertools
 import os
 from typing import Any, Optional
 
-from .errors import DeadlineExceeded, Error, FaultNotSupported, Hung
+from .errors import Error, FaultNotSupported
 from .schedule import xrc_srqs
 
 # The sender's transport timers: a send to a vanished TGT QP ends in RETRY_EXC_ERR after 4
@@ -283,12 +283,5 @@ class XrcOps:
         for x in self.xrcs.values():
             parts += sorted(x.parts.values(), key=lambda p: p.role == "creator")
         for p in parts:
-            if p.dead:
-                continue
-            try:
-                self._release_part(p)
-            except (Hung, DeadlineExceeded) as e:
-                self._hang(len(self.s.steps), {"op": "teardown"}, e)
+            if not p.dead and not self._cleanup(self._release_part, p):
                 return
-            except Error:
-                pass
