@@ -175,16 +175,17 @@ def swarm_device(args, lab: str, out: pathlib.Path) -> int:
 
 
 def _fit_hosts(s: Schedule, n: int) -> Schedule:
-    """A device lab has n hosts: steps on hosts past them are dropped."""
+    """A device lab has n hosts: steps on hosts past them are dropped, and with them every
+    step naming a connection they made."""
     keep = set(s.hosts[:n])
     steps = [st for st in s.steps
-             if all(st.get(k, h) in keep for k, h in (("host", next(iter(keep))),
-                                                      ("client", next(iter(keep))),
-                                                      ("server", next(iter(keep)))))]
+             if all(st[k] in keep for k in ("host", "client", "server") if k in st)]
     conns = {st["conn"] for st in steps if st["op"] == "connect"}
-    steps = [st for st in steps if st.get("conn", next(iter(conns), "")) in conns or
-             "conn" not in st]
-    steps = [st for st in steps if (st.get("at") or {}).get("conn", "") in conns | {""}]
+
+    def named_conns(st: dict) -> set:
+        return {c for c in (st.get("conn"), (st.get("at") or {}).get("conn")) if c}
+
+    steps = [st for st in steps if named_conns(st) <= conns]
     fitted = Schedule(hosts=s.hosts[:n], steps=steps, seed=s.seed, personality=s.personality,
                       settle_ns=s.settle_ns, meta=s.meta)
     fitted.validate()
