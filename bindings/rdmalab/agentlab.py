@@ -1046,6 +1046,12 @@ class AgentLab:
         self._check_lost(name)
         return self._agents[name].lab.host(name)
 
+    def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
+        """How long host's machine stood still in [from_ns, to_ns], as its agent's StallMeter
+        measured (a vCPU of a TCG guest on a loaded machine stops for hundreds of ms)."""
+        self.host(host)
+        return int(self._agents[host].lab.stalled_ns(host, from_ns, to_ns))
+
     def agent_for(self, name: str) -> Optional[Agent]:
         return self._agents.get(name)
 

@@ -32,6 +32,16 @@ def kernel_timer_range_ns(ms: int, hz: int) -> tuple[int, int]:
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 
+def late_bound_ns(lab, host: str, start_ns: int, end_ns: int, bound_ns: int,
+                  timers: int = 1) -> int:
+    """The most a span that kernel timers bound to bound_ns (exactly, on the model) may measure
+    on lab, when host's timers ran it from start_ns to end_ns: + lab.timer_slack_ns per timer
+    (softirq, workqueue, the event's way to the harness) + the time host's machine stood still
+    in between (lab.stalled_ns: a TCG guest's vCPU on a loaded machine; 0 on the model).
+    Measured, never guessed: a device late for any other reason fails the bound."""
+    return bound_ns + timers * lab.timer_slack_ns + lab.stalled_ns(host, start_ns, end_ns)
+
+
 def kernel_timer_period_ns(ms: int, hz: int) -> tuple[int, int]:
     """(shortest, longest) period of a kernel timer of ms re-armed each time it runs."""
     periods = [_core.kernel_timer_rearm_period_ns(ms, h) for h in ((hz,) if hz else

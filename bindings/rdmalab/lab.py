@@ -137,6 +137,13 @@ class Lab:
     # on a device that much later at most (softirq, workqueue, the event's way to the harness).
     timer_slack_ns = 0
 
+    def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
+        """How long host's machine stood still between two lab times: what a timer or event
+        measured there may be late by beyond timer_slack_ns. 0 here: an engine lab's clock
+        is virtual (the model) or this process's (VerbsLab measures it)."""
+        self.host(host)  # an unknown host is an error, as everywhere
+        return 0
+
     def _make_faults(self):
         return NoFaults(self)
 
@@ -319,6 +326,10 @@ class ModelLab(Lab):
 
 class VerbsLab(Lab):
     """This machine's RDMA devices as one host (what a host agent runs)."""
+
+    def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
+        self.host(host)
+        return self._o.stalled_ns(from_ns, to_ns)  # the engine's StallMeter
 
 
 HostsArg = Union[Mapping[str, Union[str, Mapping]], Iterable[str]]

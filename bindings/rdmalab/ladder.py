@@ -249,6 +249,8 @@ def mark_label(rec: dict) -> tuple[str, str]:
         return kind, "fault"
     if kind == "cm_retry":
         return f"retry {data.get('msg', '')} #{data.get('attempt', '')}", "note"
+    if kind == "stall":  # the machine stood still: every time near it is late by as much
+        return f"stood still {int(data.get('late_ns', 0)) / 1e6:.0f} ms", "fault"
     return kind, "note"
 
 

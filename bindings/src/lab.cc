@@ -225,7 +225,8 @@ void bind_model_lab(py::module_& m) {
 // makes one, named as the scenario names that host).
 void bind_verbs_lab(py::module_& m) {
   py::class_<verbs::VerbsLab, Lab, std::shared_ptr<verbs::VerbsLab>>(m, "VerbsLab")
-      .def("set_clock_offset", &verbs::VerbsLab::set_clock_offset, arg("offset_ns"), kRelease);
+      .def("set_clock_offset", &verbs::VerbsLab::set_clock_offset, arg("offset_ns"), kRelease)
+      .def("stalled_ns", &verbs::VerbsLab::stalled_ns, arg("from_ns"), arg("to_ns"), kRelease);
   m.def(
       "make_verbs_lab",
       [](uint64_t seed, const std::string& host) {

@@ -13,6 +13,7 @@
 namespace rdmalab::verbs {
 
 namespace {
+constexpr TimeNs kStallRecordNs = 20 * kNsPerMs;
 constexpr const char* kNoDevice = "no RDMA device (ibv_get_device_list is empty)";
 
 // RDMALAB_DEVICES: the devices of this host, comma-separated, where hosts share one kernel's
@@ -168,7 +169,13 @@ void LocalHost::shutdown() {
 VerbsLab::VerbsLab(uint64_t seed, std::string host_name)
     : seed_(seed),
       history_([this] { return runtime_.now_ns(); }),
-      host_(std::make_shared<LocalHost>(&history_, std::move(host_name))) {}
+      host_(std::make_shared<LocalHost>(&history_, std::move(host_name))),
+      meter_([this] { return runtime_.now_ns(); }, [this](const StallMeter::Stall& s) {
+        // Only the stalls long enough to matter to a scenario's bounds go into the history.
+        if (s.late_ns >= kStallRecordNs) {
+          history_.record(host_->name(), "machine", "stall", {{"late_ns", s.late_ns}});
+        }
+      }) {}
 
 VerbsLab::~VerbsLab() {
   shutdown();

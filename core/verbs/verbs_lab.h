@@ -10,6 +10,7 @@
 
 #include "rdmalab/lab.h"
 #include "verbs/real_runtime.h"
+#include "verbs/stall_meter.h"
 
 namespace rdmalab::verbs {
 
@@ -70,6 +71,9 @@ class VerbsLab final : public Lab {
   std::shared_ptr<Host> host(const std::string& name) const override;
   void shutdown() override;
   void set_clock_offset(TimeNs offset_ns) { runtime_.set_clock_offset(offset_ns); }
+  // How long this machine stood still in [from_ns, to_ns] (StallMeter): what a kernel timer's
+  // or an event's time measured here may be late by, beyond the kernel's own rounding.
+  TimeNs stalled_ns(TimeNs from_ns, TimeNs to_ns) const { return meter_.stalled_ns(from_ns, to_ns); }
 
  private:
   uint64_t seed_;
@@ -77,6 +81,7 @@ class VerbsLab final : public Lab {
   History history_;
   std::shared_ptr<LocalHost> host_;
   bool shut_down_ = false;
+  StallMeter meter_;  // last: its thread records into history_
 };
 
 // Opens device_name ("" = the first) from ibv_get_device_list; ENODEV when there is none.

@@ -3,8 +3,10 @@ and the host's HZ probe (rdmalab.kernel)."""
 
 import gzip
 
+import pytest
+
 from rdmalab import kernel, model_lab, ms, sec
-from rdmalab.cm_timing import IbCmTiming, kernel_timer_range_ns
+from rdmalab.cm_timing import IbCmTiming, kernel_timer_range_ns, late_bound_ns
 
 
 def test_dreq_give_up_at_250_hz_is_102_144_to_102_4_s():
@@ -94,3 +96,12 @@ def test_roce_packet_life_time_follows_the_kernel_release():
         Caps.kernel_release = release
         t = IbCmTiming.for_caps(Caps())
         assert (t.timewait_ms, t.active_timeout_ms) == (timewait, req)
+
+
+def test_the_model_never_stands_still():
+    """late_bound_ns on the model is the bound itself: no slack, no stall."""
+    lab = model_lab(1, ("a", "b"))
+    assert lab.stalled_ns("a", 0, sec(100)) == 0
+    assert late_bound_ns(lab, "a", 0, sec(100), ms(2304), timers=3) == ms(2304)
+    with pytest.raises(Exception, match="no host 'c'"):
+        lab.stalled_ns("c", 0, 1)

@@ -43,6 +43,33 @@ def test_agent_clock_is_offset_onto_the_controllers(agent):
     assert before - 50_000_000 <= remote_now <= after + 50_000_000
 
 
+def test_a_machine_that_stands_still_is_measured(agent):
+    """SIGSTOP the agent's process for 300 ms (what a TCG guest's vCPU on a loaded host does
+    to every thread in the guest): its stall meter measures it on the lab's clock, inside the
+    window and not outside, and records it."""
+    import signal
+    lab = agent.new_lab(1, "a", {})
+    pid = agent.module("os").getpid()
+    time.sleep(0.05)
+    t0 = lab.now_ns
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while lab.stalled_ns("a", t0, lab.now_ns) < 250_000_000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t1 = lab.now_ns
+    stalled = lab.stalled_ns("a", t0, t1)
+    assert 250_000_000 <= stalled <= t1 - t0
+    assert lab.stalled_ns("a", t0 - 10**9, t0 - 5 * 10**8) == 0
+    stalls = [r for r in lab.history() if r["kind"] == "stall"]
+    assert stalls and max(r["data"]["late_ns"] for r in stalls) >= 250_000_000
+    with pytest.raises(Exception, match="no host"):
+        lab.stalled_ns("b", t0, t1)
+
+
 def test_engine_errors_come_back_with_errno_and_verb(agent):
     lab = agent.new_lab(1, "a", {})
     from rdmalab import Error

@@ -16,7 +16,7 @@ own account (`rdma res show`) must drop to nothing for its pid.
 import pytest
 
 from rdmalab import Error, ms, sec
-from rdmalab.cm_timing import IbCmTiming
+from rdmalab.cm_timing import IbCmTiming, late_bound_ns
 from rdmalab.resources import CmPair
 
 
@@ -61,7 +61,9 @@ def test_killed_process_releases_its_connection(lab):
     else:
         assert ev.status == 0
         timing = IbCmTiming.for_caps(lab.host("b").caps())
-        server.wait("TIMEWAIT_EXIT", timing.timewait_ns + ms(10) + lab.timer_slack_ns)
+        w0 = lab.now_ns
+        tw = server.wait("TIMEWAIT_EXIT", timing.timewait_ns + sec(10))  # bound asserted next
+        assert tw.t_ns - w0 <= late_bound_ns(lab, "b", w0, tw.t_ns, timing.timewait_ns + ms(10))
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED",
                                  "TIMEWAIT_EXIT"]
         assert dreqs.hits == 1, f"{dreqs.hits} DREQs from the killed side (cm_destroy_id " \

@@ -1,0 +1,68 @@
+#include "verbs/stall_meter.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace rdmalab::verbs {
+
+namespace {
+TimeNs steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+StallMeter::StallMeter(Clock clock, std::function<void(const Stall&)> on_stall, Clock monotonic)
+    : clock_(std::move(clock)),
+      monotonic_(monotonic ? std::move(monotonic) : Clock(steady_now_ns)),
+      on_stall_(std::move(on_stall)),
+      thread_([this] { run(); }) {}
+
+StallMeter::~StallMeter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StallMeter::run() {
+  TimeNs due = monotonic_() + kPeriodNs;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const TimeNs wait = std::max<TimeNs>(0, due - monotonic_());
+    if (cv_.wait_for(lock, std::chrono::nanoseconds(wait), [this] { return stop_; })) break;
+    const TimeNs woke = monotonic_();
+    const TimeNs late = woke - due;
+    due = woke + kPeriodNs;  // a stall is counted once, not caught up
+    if (late <= kLateNs) continue;
+    const Stall s{clock_(), late};
+    stalls_.push_back(s);
+    if (stalls_.size() > kKept) stalls_.pop_front();
+    if (on_stall_) {
+      lock.unlock();  // the observer may take other locks (the history's)
+      on_stall_(s);
+      lock.lock();
+    }
+  }
+}
+
+TimeNs StallMeter::stalled_ns(TimeNs from_ns, TimeNs to_ns) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TimeNs total = 0;
+  for (const Stall& s : stalls_) {
+    const TimeNs lo = std::max(from_ns, s.end_ns - s.late_ns);
+    const TimeNs hi = std::min(to_ns, s.end_ns);
+    if (hi > lo) total += hi - lo;
+  }
+  return total;
+}
+
+std::vector<StallMeter::Stall> StallMeter::stalls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {stalls_.begin(), stalls_.end()};
+}
+
+}  // namespace rdmalab::verbs
