@@ -14,6 +14,8 @@ import re
 import pathlib
 from typing import Optional
 
+from . import _core
+from .names import name, parse
 from .schedule import Schedule
 
 
@@ -64,10 +66,24 @@ def outcome(history: list[dict]) -> dict:
                 out[key]["wc"][str(d.get("wr_id"))] = (
                     f"{d.get('opcode')}:{status}" if status == "SUCCESS" else str(status))
         elif kind == "async_event":
-            key = by_qp.get((r["host"], d.get("qp_num", d.get("number"))))
+            if _qp_affiliated(d.get("event")):
+                key = by_qp.get((r["host"], d.get("qp_num", d.get("number"))))
+            else:  # a port's or the device's: the host's, whichever QPs it has
+                key = f"{r['host']}/device"
+                out.setdefault(key, {"events": [], "wc": {}, "async": []})
             if key:
                 out[key]["async"].append(d.get("event"))
     return out
+
+
+def _qp_affiliated(event) -> bool:
+    """Whether an async event names a QP (the engine's affiliation table, semantics.md E): the
+    model's record gives the affiliated object's number as `number`, a port's for PORT_ERR."""
+    try:
+        kind = _core.affiliation(parse(_core.AsyncEventType, event, "async event"))
+    except (ValueError, TypeError):
+        return True  # an unknown name: compared by QP, as before
+    return name(kind) == "QP"
 
 
 # A WR outstanding when its QP goes to ERR completes or is flushed depending on whether it
