@@ -24,7 +24,7 @@ TEST(ModelLab, PersonalitiesAndCaps) {
   EXPECT_EQ(caps("ib").xrc_tgt_lifetime, XrcTgtLifetime::kHandle);
   EXPECT_EQ(caps("ib-legacy").xrc_tgt_lifetime, XrcTgtLifetime::kXrcd);
   EXPECT_EQ(caps("iwarp-cxgb4").err_post, ErrPostPolicy::kRefuse);
-  EXPECT_EQ(caps("iwarp-siw").err_post, ErrPostPolicy::kFlushAtOnce);
+  EXPECT_EQ(caps("iwarp-siw").err_post, ErrPostPolicy::kStrand);  // libsiw, user QPs
   EXPECT_EQ(caps("ib").err_post, ErrPostPolicy::kFlush);
   EXPECT_FALSE(caps("mana").srq);
   EXPECT_FALSE(caps("roce").raises_event(AsyncEventType::QP_FATAL));

@@ -136,7 +136,10 @@ Personality iwarp_siw() {
   p.caps = base_caps("iwarp-siw", Transport::iWARP);
   p.caps.xrc = false;  // semantics.md D: no XRC on siw
   p.caps.ud = false;
-  p.caps.err_post = ErrPostPolicy::kFlushAtOnce;  // semantics.md C: siw_post_send in ERROR
+  // User QPs, which rdmalab drives: libsiw writes WRs into the mapped queues with no system
+  // call, so a WR posted in ERROR is never flushed (finding
+  // siw-user-posts-in-error-are-never-flushed; kernel QPs would be kFlushAtOnce, siw_post_send).
+  p.caps.err_post = ErrPostPolicy::kStrand;
   // semantics.md E (siw triggers).
   // SRQ_LIMIT_REACHED: siw_qp_rx.c siw_rqe_get -> siw_srq_event (armed SRQ below its limit).
   // No DEVICE_FATAL: only uverbs disassociation raises it, and siw has no

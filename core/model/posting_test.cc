@@ -102,8 +102,10 @@ TEST(Posting, ErrPolicyPerPersonality) {
     EXPECT_EQ(err_send, 0) << pers;
     EXPECT_EQ(err_recv, 0) << pers;
     auto now = t.a.cq->poll(4);
-    if (pers == "iwarp-siw") {
-      ASSERT_EQ(now.size(), 2u) << "siw completes a post in ERROR at once";
+    if (pers == "iwarp-siw") {  // libsiw: in the mapped queues, and no system call flushes them
+      t.lab->run_for(kNsPerSec);
+      EXPECT_TRUE(t.a.cq->poll(4).empty()) << "a user siw post in ERROR is never completed";
+      continue;
     } else {
       EXPECT_TRUE(now.empty()) << pers << ": the flush comes from the hardware, after the post";
       now = wait_wcs(*t.lab, *t.a.cq, 2);
@@ -131,14 +133,16 @@ TEST(Posting, IbSqdAcceptsPostsAndProcessesThemBackInRts) {
   EXPECT_EQ(sw[0].status, WcStatus::SUCCESS);
 }
 
-TEST(Posting, IwarpClosingRefusesPostsAndOutstandingWrsSendItToError) {
+TEST(Posting, IwarpClosingRefusesSendsAndOutstandingWrsSendItToError) {
   for (const std::string pers : {"iwarp-cxgb4", "iwarp-siw"}) {
     Two t(pers);
     t.connect_both();
     modify_state(*t.qa, SQD);  // empty SQ: CLOSING
     EXPECT_EQ(t.qa->state(), SQD) << pers;
     EXPECT_EQ(err_of([&] { t.qa->post_send(send_wr(1, *t.a.mr)); }), EINVAL) << pers;
-    EXPECT_EQ(err_of([&] { t.qa->post_recv(recv_wr(1, *t.a.mr)); }), EINVAL) << pers;
+    // libsiw's post_recv writes the mapped RQ and asks no one (vm:siw, swarm seed 3).
+    EXPECT_EQ(err_of([&] { t.qa->post_recv(recv_wr(1, *t.a.mr)); }),
+              pers == "iwarp-siw" ? 0 : EINVAL) << pers;
     // seed 000: CLOSING with WRs outstanding moves the QP to ERROR.
     t.lab->add_rule({{"action", "drop"}});
     t.qb->post_send(send_wr(2, *t.b.mr));

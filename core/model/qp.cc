@@ -286,7 +286,13 @@ bool QpCore::can_post_recv(const std::string& verb) {
     case QpState::RESET:
       throw Error(verb, EINVAL, label() + ": receive queue not ready in RESET");
     case QpState::SQD:
-      if (dev.pers.iwarp_closing) throw Error(verb, EINVAL, label() + ": iWARP QP in CLOSING");
+      if (dev.pers.iwarp_closing && dev.caps.err_post != ErrPostPolicy::kStrand) {
+        throw Error(verb, EINVAL, label() + ": iWARP QP in CLOSING");
+      }
+      // kStrand: libsiw's post_recv only writes the mapped RQ, no system call, so nothing
+      // refuses it (vm:siw 6.1, swarm seed 3); the move to ERROR flushes it (siw_rq_flush).
+      // A SEND in CLOSING stays refused: libsiw rings the doorbell, siw_post_send says
+      // ENOTCONN, and what libsiw returns then is unverified.
       return true;
     case QpState::SQE:
     case QpState::ERR:
@@ -327,11 +333,19 @@ void QpCore::post_send(const SendWr& wr) {
   if (state == QpState::RTS) {
     kick();
   } else if (state == QpState::ERR || state == QpState::SQE) {
-    if (dev.caps.err_post == ErrPostPolicy::kFlushAtOnce) {
-      flush_now();
-    } else if (!dead_) {
-      schedule_flush();
-    }
+    post_in_error();
+  }
+}
+
+// A WR posted to a QP already in ERR (or SQE): flushed, at once or soon, or, with kStrand
+// (user-space siw: the WR sits in the mapped queue and no system call tells the kernel,
+// finding siw-user-posts-in-error-are-never-flushed), never completed at all.
+void QpCore::post_in_error() {
+  if (dev.caps.err_post == ErrPostPolicy::kStrand) return;
+  if (dev.caps.err_post == ErrPostPolicy::kFlushAtOnce) {
+    flush_now();
+  } else if (!dead_) {
+    schedule_flush();
   }
 }
 
@@ -348,13 +362,7 @@ void QpCore::post_recv(const RecvWr& wr) {
   rq_.push_back(wr);
   env.record(dev.host, label(), "post",
              {{"queue", "recv"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"qp_num", qpn}});
-  if (state == QpState::ERR || state == QpState::SQE) {
-    if (dev.caps.err_post == ErrPostPolicy::kFlushAtOnce) {
-      flush_now();
-    } else if (!dead_) {
-      schedule_flush();
-    }
-  }
+  if (state == QpState::ERR || state == QpState::SQE) post_in_error();
 }
 
 std::optional<WcStatus> QpCore::check_local_sges(const std::vector<Sge>& sges,

@@ -94,6 +94,7 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   void enter_state(QpState from, QpState to);
   void schedule_flush();
   void flush_now();
+  void post_in_error();  // a WR posted in ERR or SQE: flushed or stranded (caps.err_post)
   void reset_queues();
   void check_sq_drained();
   bool can_post_send(const std::string& verb);

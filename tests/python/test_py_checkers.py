@@ -139,6 +139,22 @@ def test_completions_model_flush_lost_in_err_is_invalid():
     assert_unknown(completions.check(h, DEVICE), "its QP was destroyed")
 
 
+def test_completions_a_post_in_err_on_a_stranding_provider_needs_no_flush():
+    """siw's user QPs strand a WR posted in ERR (finding siw-user-posts-in-error-are-never-
+    flushed; the model's iwarp-siw copies it): no completion is its outcome. A WR outstanding
+    at the move to ERR is still flushed there, and a post in ERR elsewhere still must be."""
+    siw = Context({"a": "iWARP", "b": "iWARP"}, "iwarp-siw", {"a": "strand", "b": "strand"})
+    h = (H().post(1, "recv", t=0).add("a", "qp:5", "qp_state", 1000, to="ERR", qp_num=17)
+         .wc(1, "WR_FLUSH_ERR", opcode="RECV", t=1000).post(2, "send", t=2000)
+         .add("a", "qp:5", "verb", sec(2), verb="ibv_destroy_qp", qp_num=17))
+    assert completions.check(h, siw).valid
+    assert_invalid(completions.check(h, MODEL), "wr_id 2 (send, posted at record 3) got no "
+                   "completion")
+    lost = (H().post(1, "recv", t=0).add("a", "qp:5", "qp_state", 1000, to="ERR", qp_num=17)
+            .add("a", "qp:5", "verb", sec(2), verb="ibv_destroy_qp", qp_num=17))
+    assert_invalid(completions.check(lost, siw), "wr_id 1 (recv, posted at record 0)")
+
+
 def test_completions_flush_in_time_is_valid_and_destroy_at_once_is_unknown():
     err = H().post(1, "recv").add("a", "qp:5", "qp_state", 1000, to="ERR", qp_num=17)
     flushed = H(err).wc(1, "WR_FLUSH_ERR", opcode="RECV", t=1000)

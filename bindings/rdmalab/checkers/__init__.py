@@ -66,16 +66,17 @@ def check_all(history: list, ctx: Optional[Context] = None,
 def context_of(lab) -> Context:
     """The Context a lab gives its checkers: each host's transport, and on the model the
     personality (hosts of several personalities: their names joined by ",")."""
-    transports, personalities = {}, set()
+    transports, personalities, err_posts = {}, set(), {}
     for name in lab.hosts:
         try:
             caps = lab.host(name).caps()
         except Exception:  # noqa: BLE001 - a host with no device (a switch) has no transport
             continue
         transports[name] = caps.transport
+        err_posts[name] = caps.err_post
         personalities.add(caps.personality)
     model = getattr(lab, "backend", "") == "model"
-    return Context(transports=transports,
+    return Context(transports=transports, err_posts=err_posts,
                    personality=",".join(sorted(personalities)) if model and personalities
                    else None)
 

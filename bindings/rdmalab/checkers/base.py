@@ -53,6 +53,9 @@ class Context:
     "iWARP"), read from the lab by the caller (lab.host(h).caps().transport)."""
     transports: dict = dataclasses.field(default_factory=dict)   # host -> transport
     personality: Optional[str] = None                            # model labs
+    # host -> caps.err_post ("flush", "refuse", "flush_at_once", "strand"): what its provider
+    # does with a WR posted to a QP in ERR
+    err_posts: dict = dataclasses.field(default_factory=dict)
 
     def transport(self, host: str) -> str:
         return self.transports.get(host, "")

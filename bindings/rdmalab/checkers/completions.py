@@ -15,6 +15,11 @@ records a wc when the CQE is made (core/model/resources.cc ModelCq::push), at on
 (schedule_flush runs after 0 ns). A device's history records a wc only when it is polled,
 so there a missing flush is unknown, never invalid.
 
+STRANDED: a WR posted to a QP already in ERR on a host whose provider strands such posts
+(caps.err_post "strand", user-space siw: finding siw-user-posts-in-error-are-never-flushed;
+Context.err_posts) is expected to get no completion: settled, neither invalid nor unknown
+(a completion that does come is still checked for being the only one).
+
 Unsignaled sends (signaled false): ibv_create_qp(3) sq_sig_all / ibv_post_send(3)
 IBV_SEND_SIGNALED: a WR without the flag makes no completion when it succeeds. In error the
 model flushes every outstanding WR, signaled or not (qp.cc flush_now), but an unsignaled WR
@@ -55,13 +60,14 @@ class _Wr:
 
 class _Queue:
     """One QP's (or SRQ's) outstanding WRs and what it has settled."""
-    __slots__ = ("pending", "unsig", "done", "err_t", "dead", "srq", "rq")
+    __slots__ = ("pending", "unsig", "done", "err_t", "err_seq", "dead", "srq", "rq")
 
     def __init__(self, srq: bool = False):
         self.pending: dict = {}    # wr_id -> [_Wr] in posting order
         self.unsig: list = []      # outstanding unsignaled sends, in posting order
         self.done: dict = {}       # wr_id -> seq of the record that settled the last one
         self.err_t = None          # t_ns it entered ERR, while in ERR
+        self.err_seq = -1          # the record that took it there
         self.dead = False          # its device died: no flush will come
         self.srq = srq
         self.rq = False            # receives were posted to it (not an SRQ's QP)
@@ -70,6 +76,7 @@ class _Queue:
 class _Check:
     def __init__(self, ctx: Context):
         self.model = bool(ctx.personality)
+        self.err_posts = ctx.err_posts
         self.res = Result(NAME)
         self.q: dict = {}            # (host, object) -> _Queue
         self.qpn: dict = {}          # (host, qp_num) -> latest QP object
@@ -78,6 +85,7 @@ class _Check:
         self.killed_hosts: set = set()
         self.reboot_t: dict = {}     # host -> t_ns of its last reboot
         self.unknown: list = []      # (reason, _Wr)
+        self.stranded = 0            # WRs posted in ERR on an err_post "strand" host
         self.posted = 0
         self.t_end = 0
 
@@ -220,7 +228,7 @@ class _Check:
             q.dead = True
         if to == "ERR":
             if q.err_t is None:
-                q.err_t = r["t_ns"]
+                q.err_t, q.err_seq = r["t_ns"], r["seq"]
             return
         if q.err_t is not None:
             self.overdue(q, r["t_ns"], r["seq"])
@@ -304,6 +312,10 @@ class _Check:
                 if not w.signaled or w.done is not None:
                     continue
                 due = max(w.t, q.err_t)
+                if w.seq > q.err_seq and self.err_posts.get(w.key[0]) == "strand":
+                    w.done = seq  # stranded, as its provider does (STRANDED below)
+                    self.stranded += 1
+                    continue
                 if t - due > FLUSH_GRACE_NS:
                     w.done = seq      # judged: not unknown as well
                     self.res.fail(
