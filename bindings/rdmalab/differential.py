@@ -33,7 +33,7 @@ def paced(schedule: Schedule) -> Schedule:
 def outcome(history: list[dict]) -> dict:
     """{"conn/side": {"events": [...], "wc": {wr_id: status}, "async": [...]},
     "steps": [[i, op, result, errno], ...]} from a runner's history."""
-    by_id, by_qp, out = {}, {}, {"steps": []}
+    by_id, by_obj, by_qp, out = {}, {}, {}, {"steps": []}
     # The bindings first: on an agent lab the controller's bind record and the agent's first
     # events of the id interleave by time, either way round.
     for r in history:
@@ -44,8 +44,10 @@ def outcome(history: list[dict]) -> dict:
             else:
                 key = f"{d['conn']}/{d['side']}"
                 by_id[(r["host"], d["cm_id"])] = key
-            if d.get("qp_num"):
-                by_qp[(r["host"], d["qp_num"])] = key
+            if d.get("qp"):
+                by_obj[(r["host"], d["qp"])] = key
+            if d.get("qp_num"):  # a device hands a destroyed QP's number out again
+                by_qp.setdefault((r["host"], d["qp_num"]), []).append((r["seq"], key))
             out.setdefault(key, {"events": [], "wc": {}, "async": []})
     for r in history:
         kind, d = r["kind"], r.get("data", {})
@@ -58,7 +60,7 @@ def outcome(history: list[dict]) -> dict:
             if key:
                 out[key]["events"].append(f"{d['event']}({d.get('status', 0)})")
         elif kind == "wc":
-            key = by_qp.get((r["host"], d.get("qp_num")))
+            key = _qp_key(r, by_obj, by_qp)
             if key:
                 # ibv_poll_cq(3): with a status other than SUCCESS only wr_id, status, qp_num
                 # and vendor_err are valid, so an error completion is its status alone.
@@ -67,13 +69,26 @@ def outcome(history: list[dict]) -> dict:
                     f"{d.get('opcode')}:{status}" if status == "SUCCESS" else str(status))
         elif kind == "async_event":
             if _qp_affiliated(d.get("event")):
-                key = by_qp.get((r["host"], d.get("qp_num", d.get("number"))))
+                key = _qp_key(r, by_obj, by_qp, d.get("qp_num", d.get("number")))
             else:  # a port's or the device's: the host's, whichever QPs it has
                 key = f"{r['host']}/device"
                 out.setdefault(key, {"events": [], "wc": {}, "async": []})
             if key:
                 out[key]["async"].append(d.get("event"))
     return out
+
+
+def _qp_key(r: dict, by_obj: dict, by_qp: dict, qpn=None) -> Optional[str]:
+    """The conn/side whose QP a record is about: by the QP's object label where the bind names
+    it (labels are never reused), else by QP number, bound most recently before the record."""
+    key = by_obj.get((r["host"], r["object"]))
+    if key:
+        return key
+    binds = by_qp.get((r["host"], qpn if qpn is not None else r.get("data", {}).get("qp_num")))
+    if not binds:
+        return None
+    before = [k for seq, k in binds if seq <= r["seq"]]
+    return before[-1] if before else binds[0][1]
 
 
 def _qp_affiliated(event) -> bool:

@@ -482,7 +482,8 @@ class Runner(XrcOps):
             self._reused[side.host] = True
         seen.add(qpn)
         self.lab.record("schedule_bind", object="schedule", host=side.host, conn=side.conn,
-                        side=side.role, process=side.process, cm_id=cm_id.label, qp_num=qpn)
+                        side=side.role, process=side.process, cm_id=cm_id.label, qp_num=qpn,
+                        qp=qp.label if qp is not None else "")
 
     def _sides(self):
         for c in self.conns.values():

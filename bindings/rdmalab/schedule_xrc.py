@@ -136,6 +136,7 @@ class XrcOps:
         self._xrc_seen(host, s.qp.qp_num)
         self.lab.record("schedule_bind", object="schedule", host=host, xrc=x.name,
                         sender=name, role="sender", process=s.process, qp_num=s.qp.qp_num,
+                        qp=s.qp.label,
                         tgt_host=x.host, tgt_qp_num=x.tgt_qpn)
         ep_s, ep_t = local_endpoint(s.qp, 0x400), local_endpoint(tgt, 0x300)
         bring_up(s.qp, ep_s, ep_t, XRC_PARAMS)
@@ -219,6 +220,7 @@ class XrcOps:
         self._xrc_seen(host, part.qp.qp_num if part.role == "creator" else 0)
         self.lab.record("schedule_bind", object="schedule", host=host, xrc=name,
                         role=part.role, process=part.process, qp_num=part.qp.qp_num,
+                        qp=part.qp.label,
                         holds=["qp", "xrcd"], tgt_lifetime=caps.xrc_tgt_lifetime)
 
     def _xrc_seen(self, host: str, qpn: int) -> None:

@@ -75,3 +75,23 @@ def test_a_port_event_is_the_hosts_not_the_qp_whose_number_is_the_ports():
     device.pop(3)  # the device's QP_FATAL gone: a difference on the QP's side
     assert df.differences(a, df.outcome(device)) == \
         ["c0/server async events: model ['QP_FATAL'], device []"]
+
+
+def test_a_reused_qp_number_is_told_apart_by_the_qp_label():
+    """vm:siw seed 3: c0's QP (number 1) was destroyed and c2's got number 1 again; the
+    completion of c0's WR belongs to c0, by the QP label the bind names."""
+    h = history([("ESTABLISHED", 0)])
+    h[2]["data"]["qp"] = "qp:3"
+    end = h.index(next(r for r in h if r["kind"] == "teardown_begin"))
+    h[end:end] = [rec(50, "b", "schedule", "schedule_bind", conn="c2", side="server",
+                      process="p0", cm_id="cm_id:9", qp_num=17, qp="qp:8"),
+                  rec(51, "b", "qp:8", "wc", qp_num=17, wr_id=9, opcode="SEND",
+                      status="SUCCESS")]
+    out = df.outcome(h)
+    assert out["c0/server"]["wc"] == {"5": "RECV:SUCCESS"}
+    assert out["c2/server"]["wc"] == {"9": "SEND:SUCCESS"}
+    for r in h:  # no labels (an older history): the QP number bound last before the record
+        r["data"].pop("qp", None)
+    out = df.outcome(h)
+    assert out["c0/server"]["wc"] == {"5": "RECV:SUCCESS"}
+    assert out["c2/server"]["wc"] == {"9": "SEND:SUCCESS"}
