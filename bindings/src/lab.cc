@@ -24,12 +24,6 @@ nlohmann::json parse_rule_json(const std::string& text) {
   }
 }
 
-std::string jsonl(const std::vector<HistoryRecord>& records) {
-  std::string out;
-  for (const auto& r : records) out += r.to_json().dump() + "\n";
-  return out;
-}
-
 void bind_hosts(py::module_& m) {
   const auto child = py::keep_alive<0, 1>();
   py::class_<Process, std::shared_ptr<Process>>(m, "Process")
@@ -93,7 +87,7 @@ void bind_lab_class(py::module_& m) {
       .def(
           "history_jsonl", [](Lab& l) { return l.history().to_jsonl(); }, kRelease)
       .def(
-          "history_since_jsonl", [](Lab& l, uint64_t seq) { return jsonl(l.history().since(seq)); },
+          "history_since_jsonl", [](Lab& l, uint64_t seq) { return l.history().since_jsonl(seq); },
           arg("seq"), kRelease)
       .def("history_size", [](Lab& l) { return l.history().size(); })
       .def("history_next_seq", [](Lab& l) { return l.history().next_seq(); })

@@ -19,8 +19,8 @@ std::shared_ptr<CmId> ModelCmEventChannel::create_id() {
   enter("rdma_create_id");
   auto id = std::make_shared<ModelCmId>(*this);
   ids_[id->id()] = id;
-  env().record(st_.host, id->label(), "verb",
-               {{"verb", "rdma_create_id"}, {"channel", st_.label}, {"ps", "RDMA_PS_TCP"}});
+  env().record_fields(st_.host, id->label(), "verb",
+                      {{"verb", "rdma_create_id"}, {"channel", st_.label}, {"ps", "RDMA_PS_TCP"}});
   return id;
 }
 
@@ -54,11 +54,11 @@ std::optional<CmEvent> ModelCmEventChannel::get_event(TimeNs deadline_ns) {
   queue_.pop_front();
   ++counts_[q.owner].reported;  // ucma_get_event: events_reported++ on the owning context
   read_unacked_[q.ev.seq] = q.owner;
-  env().record(st_.host, "cm_id:" + std::to_string(q.ev.id), "cm_event_read",
-               {{"event", std::string(to_string(q.ev.event))},
-                {"status", q.ev.status},
-                {"seq", q.ev.seq},
-                {"listen_id", q.ev.listen_id}});
+  env().record_fields(st_.host, "cm_id:" + std::to_string(q.ev.id), "cm_event_read",
+                      {{"event", to_string(q.ev.event)},
+                       {"status", q.ev.status},
+                       {"seq", q.ev.seq},
+                       {"listen_id", q.ev.listen_id}});
   return q.ev;
 }
 
@@ -70,8 +70,8 @@ void ModelCmEventChannel::ack_event(const CmEvent& ev) {
     ++counts_[it->second].completed;
     read_unacked_.erase(it);
   }
-  env().record(st_.host, "cm_id:" + std::to_string(ev.id), "cm_event_ack",
-               {{"event", std::string(to_string(ev.event))}, {"seq", ev.seq}, {"known", known}});
+  env().record_fields(st_.host, "cm_id:" + std::to_string(ev.id), "cm_event_ack",
+                      {{"event", to_string(ev.event)}, {"seq", ev.seq}, {"known", known}});
 }
 
 uint64_t ModelCmEventChannel::unacked(uint64_t owner) const {
@@ -95,8 +95,8 @@ void ModelCmEventChannel::forget(uint64_t id) {
     }
     if (it->ev.event == CmEventType::CONNECT_REQUEST && it->ev.id != id)
       orphans.push_back(it->ev.id);
-    env().record(st_.host, "cm_id:" + std::to_string(it->ev.id), "cm_event_dropped",
-                 {{"event", std::string(to_string(it->ev.event))}, {"seq", it->ev.seq}});
+    env().record_fields(st_.host, "cm_id:" + std::to_string(it->ev.id), "cm_event_dropped",
+                        {{"event", std::string(to_string(it->ev.event))}, {"seq", it->ev.seq}});
     it = queue_.erase(it);
   }
   counts_.erase(id);

@@ -71,8 +71,8 @@ uint8_t IbCm::av_timeout(uint32_t id) const {
 
 void IbCm::set_state(Id& id, IbCmState to) {
   if (id.state == to) return;
-  env_.record(dev_.host, label(id.local_id), "cm_state",
-              {{"layer", "ib_cm"}, {"from", to_string(id.state)}, {"to", to_string(to)}});
+  env_.record_fields(dev_.host, label(id.local_id), "cm_state",
+                     {{"layer", "ib_cm"}, {"from", to_string(id.state)}, {"to", to_string(to)}});
   id.state = to;
 }
 
@@ -86,25 +86,25 @@ void IbCm::deliver(uint32_t id, IbCmEvent ev) {
 
 void IbCm::unexpected(const CmMsg& m, const Id* id, const std::string& why) {
   ++unexpected_;
-  env_.record(dev_.host, id ? label(id->local_id) : "ib_cm", "cm_unexpected",
-              {{"msg", cm_msg_name(m.type)},
-               {"state", id ? to_string(id->state) : "none"},
-               {"local_comm_id", m.local_comm_id},
-               {"remote_comm_id", m.remote_comm_id},
-               {"why", why}});
+  env_.record_fields(dev_.host, id ? label(id->local_id) : "ib_cm", "cm_unexpected",
+                     {{"msg", cm_msg_name(m.type)},
+                      {"state", id ? to_string(id->state) : "none"},
+                      {"local_comm_id", m.local_comm_id},
+                      {"remote_comm_id", m.remote_comm_id},
+                      {"why", why}});
 }
 
 // ---------------------------------------------------------------- the wire
 
 void IbCm::transmit(const std::string& dst_host, CmMsg m, const std::string& object, int attempt) {
   m.src_gid = dev_.gid;
-  env_.record(dev_.host, object, "cm_send",
-              {{"msg", cm_msg_name(m.type)},
-               {"dst", dst_host},
-               {"local_comm_id", m.local_comm_id},
-               {"remote_comm_id", m.remote_comm_id},
-               {"qpn", m.type == CmMsgType::DREQ ? m.remote_qpn : m.local_qpn},
-               {"attempt", attempt}});
+  env_.record_fields(dev_.host, object, "cm_send",
+                     {{"msg", cm_msg_name(m.type)},
+                      {"dst", dst_host},
+                      {"local_comm_id", m.local_comm_id},
+                      {"remote_comm_id", m.remote_comm_id},
+                      {"qpn", m.type == CmMsgType::DREQ ? m.remote_qpn : m.local_qpn},
+                      {"attempt", attempt}});
   Packet pkt;
   pkt.src_host = dev_.host;
   pkt.dst_host = dst_host;
@@ -173,16 +173,16 @@ void IbCm::on_mad_timeout(uint32_t local_id, uint64_t epoch) {
   if (p.retries_left > 0) {
     --p.retries_left;
     ++p.attempt;
-    env_.record(dev_.host, label(local_id), "cm_retry",
-                {{"msg", cm_msg_name(p.msg.type)},
-                 {"attempt", p.attempt},
-                 {"timeout_ms", p.timeout_ms},
-                 {"retries_left", p.retries_left}});
+    env_.record_fields(dev_.host, label(local_id), "cm_retry",
+                       {{"msg", cm_msg_name(p.msg.type)},
+                        {"attempt", p.attempt},
+                        {"timeout_ms", p.timeout_ms},
+                        {"retries_left", p.retries_left}});
     transmit(id->remote_host, p.msg, label(local_id), p.attempt);
     arm_timer(*id);
     return;
   }
-  env_.record(
+  env_.record_fields(
       dev_.host, label(local_id), "cm_timeout",
       {{"msg", cm_msg_name(p.msg.type)}, {"attempts", p.attempt}, {"timeout_ms", p.timeout_ms}});
   id->pending.reset();
@@ -224,8 +224,8 @@ void IbCm::enter_timewait(Id& id) {
   set_state(id, IbCmState::TIMEWAIT);
   remove_remote(id);
   const int64_t wait_ms = cm_convert_to_ms(id.av_timeout);
-  env_.record(dev_.host, label(id.local_id), "cm_timewait",
-              {{"av_timeout", id.av_timeout}, {"wait_ms", wait_ms}});
+  env_.record_fields(dev_.host, label(id.local_id), "cm_timewait",
+                     {{"av_timeout", id.av_timeout}, {"wait_ms", wait_ms}});
   env_.runtime.cancel(id.timewait_timer);
   const uint32_t local_id = id.local_id;
   const uint64_t epoch = epoch_;

@@ -8,12 +8,12 @@
 namespace rdmalab::model {
 
 void IbCm::on_mad(const CmMsg& m, const std::string& src) {
-  env_.record(dev_.host, "ib_cm", "cm_recv",
-              {{"msg", cm_msg_name(m.type)},
-               {"src", src},
-               {"local_comm_id", m.local_comm_id},
-               {"remote_comm_id", m.remote_comm_id},
-               {"qpn", m.type == CmMsgType::DREQ ? m.remote_qpn : m.local_qpn}});
+  env_.record_fields(dev_.host, "ib_cm", "cm_recv",
+                     {{"msg", cm_msg_name(m.type)},
+                      {"src", src},
+                      {"local_comm_id", m.local_comm_id},
+                      {"remote_comm_id", m.remote_comm_id},
+                      {"qpn", m.type == CmMsgType::DREQ ? m.remote_qpn : m.local_qpn}});
   switch (m.type) {
     case CmMsgType::REQ:
       return on_req(m, src);
@@ -64,8 +64,9 @@ void IbCm::on_req(const CmMsg& m, const std::string& src) {
   if (auto it = remote_qp_table_.find(remote_qp); it != remote_qp_table_.end()) {
     // IBA 12.9.8.3.1: REJ the REQ, then DREQ the old connection (remote QPN = the stale QPN).
     const uint32_t cur = it->second;
-    env_.record(dev_.host, label(cur), "cm_stale",
-                {{"msg", "REQ"}, {"remote_qpn", m.local_qpn}, {"remote_guid", m.local_ca_guid}});
+    env_.record_fields(
+        dev_.host, label(cur), "cm_stale",
+        {{"msg", "REQ"}, {"remote_qpn", m.local_qpn}, {"remote_guid", m.local_ca_guid}});
     issue_rej(src, m, REJ_STALE_CONN, CmMsgResponse::REQ);
     if (Id* p = find(cur, std::nullopt); p != nullptr && p->state == IbCmState::ESTABLISHED)
       send_dreq(cur);
@@ -103,12 +104,12 @@ void IbCm::on_req(const CmMsg& m, const std::string& src) {
 void IbCm::dup_req(Id& id, const CmMsg& m) {
   switch (id.state) {
     case IbCmState::REQ_RCVD:
-      env_.record(dev_.host, label(id.local_id), "cm_duplicate",
-                  {{"msg", "REQ"}, {"action", "drop"}});
+      env_.record_fields(dev_.host, label(id.local_id), "cm_duplicate",
+                         {{"msg", "REQ"}, {"action", "drop"}});
       return;
     case IbCmState::MRA_REQ_SENT: {
-      env_.record(dev_.host, label(id.local_id), "cm_duplicate",
-                  {{"msg", "REQ"}, {"action", "MRA"}});
+      env_.record_fields(dev_.host, label(id.local_id), "cm_duplicate",
+                         {{"msg", "REQ"}, {"action", "MRA"}});
       CmMsg mra;
       mra.type = CmMsgType::MRA;
       mra.msg_mraed = CmMsgResponse::REQ;
@@ -122,8 +123,8 @@ void IbCm::dup_req(Id& id, const CmMsg& m) {
       return;
     }
     default:
-      env_.record(dev_.host, label(id.local_id), "cm_duplicate",
-                  {{"msg", "REQ"}, {"action", "drop"}, {"state", to_string(id.state)}});
+      env_.record_fields(dev_.host, label(id.local_id), "cm_duplicate",
+                         {{"msg", "REQ"}, {"action", "drop"}, {"state", to_string(id.state)}});
       (void)m;
       return;
   }
@@ -215,8 +216,9 @@ void IbCm::on_rep(const CmMsg& m, const std::string& src) {
   if (remote_id_table_.count(remote_id)) return unexpected(m, id, "REP duplicates a connection");
   if (auto it = remote_qp_table_.find(remote_qp); it != remote_qp_table_.end()) {
     const uint32_t cur = it->second;
-    env_.record(dev_.host, label(cur), "cm_stale",
-                {{"msg", "REP"}, {"remote_qpn", m.local_qpn}, {"remote_guid", m.local_ca_guid}});
+    env_.record_fields(
+        dev_.host, label(cur), "cm_stale",
+        {{"msg", "REP"}, {"remote_qpn", m.local_qpn}, {"remote_guid", m.local_ca_guid}});
     issue_rej(src, m, REJ_STALE_CONN, CmMsgResponse::REP);
     if (Id* p = find(cur, std::nullopt); p != nullptr && p->state == IbCmState::ESTABLISHED)
       send_dreq(cur);
@@ -242,15 +244,15 @@ void IbCm::dup_rep(const CmMsg& m) {
   if (id == nullptr) return unexpected(m, nullptr, "no such id");
   switch (id->state) {
     case IbCmState::ESTABLISHED: {
-      env_.record(dev_.host, label(id->local_id), "cm_duplicate",
-                  {{"msg", "REP"}, {"action", "RTU"}});
+      env_.record_fields(dev_.host, label(id->local_id), "cm_duplicate",
+                         {{"msg", "REP"}, {"action", "RTU"}});
       CmMsg rtu;
       rtu.type = CmMsgType::RTU;
       return send_on(*id, std::move(rtu));
     }
     case IbCmState::MRA_REP_SENT: {
-      env_.record(dev_.host, label(id->local_id), "cm_duplicate",
-                  {{"msg", "REP"}, {"action", "MRA"}});
+      env_.record_fields(dev_.host, label(id->local_id), "cm_duplicate",
+                         {{"msg", "REP"}, {"action", "MRA"}});
       CmMsg mra;
       mra.type = CmMsgType::MRA;
       mra.msg_mraed = CmMsgResponse::REP;
@@ -294,8 +296,8 @@ void IbCm::on_dreq(const CmMsg& m, const std::string& src) {
       cancel_mad(*id);
       break;
     case IbCmState::TIMEWAIT: {
-      env_.record(dev_.host, label(id->local_id), "cm_duplicate",
-                  {{"msg", "DREQ"}, {"action", "DREP"}});
+      env_.record_fields(dev_.host, label(id->local_id), "cm_duplicate",
+                         {{"msg", "DREQ"}, {"action", "DREP"}});
       CmMsg drep;
       drep.type = CmMsgType::DREP;
       return send_on(*id, std::move(drep));

@@ -17,7 +17,7 @@ uint32_t IbCm::create_id(Handler handler) {
   id->local_id = local_id;
   id->handler = std::move(handler);
   ids_[local_id] = std::move(id);
-  env_.record(dev_.host, label(local_id), "cm_create", {{"layer", "ib_cm"}});
+  env_.record_fields(dev_.host, label(local_id), "cm_create", {{"layer", "ib_cm"}});
   return local_id;
 }
 
@@ -255,8 +255,8 @@ void IbCm::destroy_id(uint32_t id_in, int err) {
   cancel_mad(id);
   remove_remote(id);
   env_.runtime.cancel(id.timewait_timer);
-  env_.record(dev_.host, label(id_in), "cm_destroy",
-              {{"layer", "ib_cm"}, {"state", to_string(id.state)}});
+  env_.record_fields(dev_.host, label(id_in), "cm_destroy",
+                     {{"layer", "ib_cm"}, {"state", to_string(id.state)}});
   ids_.erase(id_in);
 }
 
@@ -265,7 +265,7 @@ void IbCm::reset() {
     if (id->pending) env_.runtime.cancel(id->pending->timer);
     env_.runtime.cancel(id->timewait_timer);
   }
-  env_.record(dev_.host, "ib_cm", "cm_reset", {{"ids_lost", ids_.size()}});
+  env_.record_fields(dev_.host, "ib_cm", "cm_reset", {{"ids_lost", ids_.size()}});
   ids_.clear();
   listeners_.clear();
   remote_id_table_.clear();

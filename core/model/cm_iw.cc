@@ -58,20 +58,20 @@ size_t IwCm::queued_events(uint32_t id) const {
 
 void IwCm::set_state(Ep& ep, IwCmState to) {
   if (ep.state == to) return;
-  env_.record(dev_.host, label(ep.id), "cm_state",
-              {{"layer", "iw_cm"}, {"from", to_string(ep.state)}, {"to", to_string(to)}});
+  env_.record_fields(dev_.host, label(ep.id), "cm_state",
+                     {{"layer", "iw_cm"}, {"from", to_string(ep.state)}, {"to", to_string(to)}});
   ep.state = to;
 }
 
 // ---------------------------------------------------------------- the wire
 
 void IwCm::transmit(const std::string& dst_host, IwWire w, const std::string& object) {
-  env_.record(dev_.host, object, "cm_send",
-              {{"msg", w.kind},
-               {"dst", dst_host},
-               {"src_ep", w.src_ep},
-               {"dst_ep", w.dst_ep},
-               {"qpn", w.qpn}});
+  env_.record_fields(dev_.host, object, "cm_send",
+                     {{"msg", w.kind},
+                      {"dst", dst_host},
+                      {"src_ep", w.src_ep},
+                      {"dst_ep", w.dst_ep},
+                      {"qpn", w.qpn}});
   Packet pkt;
   pkt.src_host = dev_.host;
   pkt.dst_host = dst_host;
@@ -112,8 +112,8 @@ void IwCm::arm_close(Ep& ep) {
 // the accepted connection; the socket is released (sock_release: a FIN, nothing was read).
 void IwCm::on_request_timeout(const TcpPeer& peer, uint64_t epoch) {
   if (epoch != epoch_ || awaiting_request_.erase(peer) == 0) return;
-  env_.record(dev_.host, "iw_cm", "cm_timeout",
-              {{"awaiting", "MPA_REQUEST"}, {"peer", peer.first}, {"peer_ep", peer.second}});
+  env_.record_fields(dev_.host, "iw_cm", "cm_timeout",
+                     {{"awaiting", "MPA_REQUEST"}, {"peer", peer.first}, {"peer_ep", peer.second}});
   IwWire fin = wire("TCP_FIN");
   fin.dst_ep = peer.second;
   transmit(peer.first, std::move(fin), "iw_cm");
@@ -125,7 +125,7 @@ void IwCm::on_timeout(uint32_t id, uint64_t epoch) {
   Ep* ep = find(id);
   if (ep == nullptr) return;
   ep->timer = 0;
-  env_.record(dev_.host, label(id), "cm_timeout", {{"connected", ep->connected}});
+  env_.record_fields(dev_.host, label(id), "cm_timeout", {{"connected", ep->connected}});
   if (!ep->connected) {  // connect: ETIMEDOUT, and an abort for a half-open peer
     if (!ep->remote_host.empty()) send(*ep, wire("TCP_RST"));
     IwCmEvent ev;
@@ -141,8 +141,9 @@ void IwCm::on_timeout(uint32_t id, uint64_t epoch) {
 }
 
 void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
-  env_.record(dev_.host, "iw_cm", "cm_recv",
-              {{"msg", w.kind}, {"src", src_host}, {"src_ep", w.src_ep}, {"dst_ep", w.dst_ep}});
+  env_.record_fields(
+      dev_.host, "iw_cm", "cm_recv",
+      {{"msg", w.kind}, {"src", src_host}, {"src_ep", w.src_ep}, {"dst_ep", w.dst_ep}});
   if (w.kind == "MPA_REQUEST") return on_mpa_request(w, src_host);
   if (w.kind == "TCP_SYN") return on_syn(w, src_host);
   if (w.kind == "TCP_RST") {  // an accepted connection still awaiting its MPA request is gone
@@ -161,8 +162,8 @@ void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
   }
   if (ep == nullptr || ep->remote_host != src_host ||
       (ep->remote_ep != 0 && ep->remote_ep != w.src_ep)) {
-    env_.record(dev_.host, "iw_cm", "cm_unexpected",
-                {{"msg", w.kind}, {"why", "no such endpoint"}});
+    env_.record_fields(dev_.host, "iw_cm", "cm_unexpected",
+                       {{"msg", w.kind}, {"why", "no such endpoint"}});
     return;
   }
   if (w.kind == "TCP_SYN_ACK") {
@@ -181,11 +182,13 @@ void IwCm::on_wire(const IwWire& w, const std::string& src_host) {
 void IwCm::upcall(Ep& ep, IwCmEvent ev) {
   ev.id = ev.type == IwCmEventType::CONNECT_REQUEST ? ev.id : ep.id;
   if (ep.drop_events) {
-    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+    env_.record_fields(dev_.host, label(ep.id), "iw_event_dropped",
+                       {{"event", to_string(ev.type)}});
     return;
   }
-  env_.record(dev_.host, label(ep.id), "iw_event",
-              {{"event", to_string(ev.type)}, {"status", ev.status}, {"queued", ep.work.size()}});
+  env_.record_fields(
+      dev_.host, label(ep.id), "iw_event",
+      {{"event", to_string(ev.type)}, {"status", ev.status}, {"queued", ep.work.size()}});
   ep.work.push_back(std::move(ev));
   if (ep.work_scheduled) return;
   ep.work_scheduled = true;
@@ -212,7 +215,8 @@ void IwCm::run_work(uint32_t id, uint64_t epoch) {
 
 void IwCm::process(Ep& ep, const IwCmEvent& ev) {
   if (ep.drop_events || ep.state == IwCmState::DESTROYING) {
-    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+    env_.record_fields(dev_.host, label(ep.id), "iw_event_dropped",
+                       {{"event", to_string(ev.type)}});
     return;
   }
   switch (ev.type) {
@@ -305,7 +309,7 @@ void IwCm::on_mpa_request(const IwWire& w, const std::string& src_host) {
 
 void IwCm::on_mpa_reply(Ep& ep, const IwWire& w) {
   if (ep.state != IwCmState::CONN_SENT || ep.connected) {
-    env_.record(dev_.host, label(ep.id), "cm_unexpected", {{"msg", w.kind}});
+    env_.record_fields(dev_.host, label(ep.id), "cm_unexpected", {{"msg", w.kind}});
     return;
   }
   env_.runtime.cancel(ep.timer);
@@ -415,7 +419,7 @@ void IwCm::closed(Ep& ep, bool abort, int status) {
   ep.timer = 0;
   ep.connected = false;
   qp_to(ep, true);
-  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", abort}, {"status", status}});
+  env_.record_fields(dev_.host, label(ep.id), "iw_closed", {{"abort", abort}, {"status", status}});
   IwCmEvent ev;
   ev.type = IwCmEventType::CLOSE;
   ev.status = status;
@@ -430,8 +434,8 @@ void IwCm::released(Ep& ep) {
   env_.runtime.cancel(ep.timer);
   ep.timer = 0;
   ep.connected = false;
-  env_.record(dev_.host, label(ep.id), "iw_closed", {{"abort", false}, {"status", 0},
-                                                      {"released", true}});
+  env_.record_fields(dev_.host, label(ep.id), "iw_closed",
+                     {{"abort", false}, {"status", 0}, {"released", true}});
   IwCmEvent ev;
   ev.type = IwCmEventType::CLOSE;
   upcall(ep, ev);
@@ -441,7 +445,7 @@ void IwCm::released(Ep& ep) {
 void IwCm::terminated(QpCore* qp) {
   for (auto& [id, ep] : eps_) {
     if (ep->qp.get() == qp && ep->connected) {
-      env_.record(dev_.host, label(id), "iw_terminate", {{"qpn", qp->qpn}});
+      env_.record_fields(dev_.host, label(id), "iw_terminate", {{"qpn", qp->qpn}});
       return closed(*ep, false, 0);
     }
   }
@@ -457,7 +461,8 @@ void IwCm::maybe_free(uint32_t id) {
 
 void IwCm::drop_work(Ep& ep) {
   for (const IwCmEvent& ev : ep.work) {
-    env_.record(dev_.host, label(ep.id), "iw_event_dropped", {{"event", to_string(ev.type)}});
+    env_.record_fields(dev_.host, label(ep.id), "iw_event_dropped",
+                       {{"event", to_string(ev.type)}});
   }
   ep.work.clear();
 }
@@ -471,7 +476,7 @@ uint32_t IwCm::create_id(Handler handler) {
   ep->psn = static_cast<uint32_t>(env_.runtime.rng().next() & 0xffffff);
   const uint32_t id = ep->id;
   eps_[id] = std::move(ep);
-  env_.record(dev_.host, label(id), "cm_create", {{"layer", "iw_cm"}});
+  env_.record_fields(dev_.host, label(id), "cm_create", {{"layer", "iw_cm"}});
   return id;
 }
 
@@ -547,7 +552,8 @@ int IwCm::tcp_connect(uint32_t id) {
       ep->tcp_result = -ETIMEDOUT;
       break;
     }
-    env_.record(dev_.host, label(id), "cm_retry", {{"msg", "TCP_SYN"}, {"attempt", attempt + 1}});
+    env_.record_fields(dev_.host, label(id), "cm_retry",
+                       {{"msg", "TCP_SYN"}, {"attempt", attempt + 1}});
     rto_ms *= 2;
   }
   const int rv = ep->tcp_result;
@@ -643,8 +649,8 @@ void IwCm::destroy_id(uint32_t id, std::optional<TimeNs> deadline_ns) {
     // same states, and no callback reaches the caller meanwhile.
     ep->destroy_pending = true;
     ep->handler = nullptr;
-    env_.record(dev_.host, label(id), "cm_destroy_deferred",
-                {{"layer", "iw_cm"}, {"state", to_string(ep->state)}});
+    env_.record_fields(dev_.host, label(id), "cm_destroy_deferred",
+                       {{"layer", "iw_cm"}, {"state", to_string(ep->state)}});
     return;
   }
   finish_destroy(*ep);
@@ -668,9 +674,9 @@ TimeNs IwCm::connect_bound_ns() const {
 bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns, const std::string& verb) {
   const TimeNs start = env_.runtime.now_ns();
   const TimeNs bound = std::max(deadline_ns, start + connect_bound_ns());
-  env_.record(dev_.host, label(id),
-              verb == "iw_cm_disconnect" ? "cm_disconnect_wait" : "cm_destroy_wait",
-              {{"layer", "iw_cm"}, {"state", to_string(find(id)->state)}});
+  env_.record_fields(dev_.host, label(id),
+                     verb == "iw_cm_disconnect" ? "cm_disconnect_wait" : "cm_destroy_wait",
+                     {{"layer", "iw_cm"}, {"state", to_string(find(id)->state)}});
   const bool done = env_.runtime.wait_until(
       [this, id] {
         const Ep* e = find(id);
@@ -678,9 +684,9 @@ bool IwCm::await_connect(uint32_t id, TimeNs deadline_ns, const std::string& ver
       },
       bound);
   if (!done && env_.runtime.now_ns() >= bound && !env_.runtime.stopping()) {
-    env_.record(dev_.host, label(id), "hung",
-                {{"what", verb + ": connect_wait never cleared on " + label(id)},
-                 {"dump", dump()}});
+    env_.record_fields(
+        dev_.host, label(id), "hung",
+        {{"what", verb + ": connect_wait never cleared on " + label(id)}, {"dump", dump()}});
   }
   return done;
 }
@@ -717,7 +723,8 @@ void IwCm::finish_destroy(Ep& ep) {
     default:  // CLOSING: the provider finishes the close; IDLE: nothing
       break;
   }
-  env_.record(dev_.host, label(id), "cm_destroy", {{"layer", "iw_cm"}, {"state", to_string(was)}});
+  env_.record_fields(dev_.host, label(id), "cm_destroy",
+                     {{"layer", "iw_cm"}, {"state", to_string(was)}});
   maybe_free(id);
 }
 
@@ -725,7 +732,7 @@ void IwCm::reset() {
   for (auto& [id, ep] : eps_) env_.runtime.cancel(ep->timer);
   for (auto& [peer, timer] : awaiting_request_) env_.runtime.cancel(timer);
   awaiting_request_.clear();
-  env_.record(dev_.host, "iw_cm", "cm_reset", {{"ids_lost", eps_.size()}});
+  env_.record_fields(dev_.host, "iw_cm", "cm_reset", {{"ids_lost", eps_.size()}});
   eps_.clear();
   listeners_.clear();
   ++epoch_;

@@ -34,8 +34,8 @@ std::string ModelCmId::protocol_state() const {
 
 void ModelCmId::set_state(RdmaCmState to) {
   if (state_ == to) return;
-  env().record(st_.host, st_.label, "cm_state",
-               {{"layer", "rdma_cm"}, {"from", to_string(state_)}, {"to", to_string(to)}});
+  env().record_fields(st_.host, st_.label, "cm_state",
+                      {{"layer", "rdma_cm"}, {"from", to_string(state_)}, {"to", to_string(to)}});
   state_ = to;
 }
 
@@ -67,11 +67,11 @@ void ModelCmId::report(CmEventType type, int status, std::vector<uint8_t> privat
   ev.id = new_id ? new_id : st_.id;
   ev.listen_id = new_id ? st_.id : 0;
   ev.private_data = std::move(private_data);
-  env().record(st_.host, "cm_id:" + std::to_string(ev.id), "cm_event",
-               {{"event", std::string(to_string(type))},
-                {"status", status},
-                {"listen_id", ev.listen_id},
-                {"protocol_state", new_id ? std::string() : protocol_state()}});
+  env().record_fields(st_.host, "cm_id:" + std::to_string(ev.id), "cm_event",
+                      {{"event", to_string(type)},
+                       {"status", status},
+                       {"listen_id", ev.listen_id},
+                       {"protocol_state", new_id ? std::string() : protocol_state()}});
   ch_.queue(ev, owner ? owner : st_.id);
 }
 
@@ -87,8 +87,8 @@ void ModelCmId::resolve_addr(const std::string& dst, uint16_t port, TimeNs timeo
   dst_host_ = dst;
   port_ = port;
   set_state(RdmaCmState::ADDR_QUERY);
-  env().record(st_.host, st_.label, "verb",
-               {{"verb", "rdma_resolve_addr"}, {"dst", dst}, {"port", port}});
+  env().record_fields(st_.host, st_.label, "verb",
+                      {{"verb", "rdma_resolve_addr"}, {"dst", dst}, {"port", port}});
   std::weak_ptr<ModelCmId> weak = shared_from_this();
   env().runtime.schedule_after(kCmResolveNs, [weak] {
     auto self = weak.lock();
@@ -110,7 +110,7 @@ void ModelCmId::resolve_route(TimeNs timeout_ns) {
   require("rdma_resolve_route", {RdmaCmState::ADDR_RESOLVED});
   (void)timeout_ns;
   set_state(RdmaCmState::ROUTE_QUERY);
-  env().record(st_.host, st_.label, "verb", {{"verb", "rdma_resolve_route"}});
+  env().record_fields(st_.host, st_.label, "verb", {{"verb", "rdma_resolve_route"}});
   std::weak_ptr<ModelCmId> weak = shared_from_this();
   env().runtime.schedule_after(kCmResolveNs, [weak] {
     auto self = weak.lock();
@@ -139,8 +139,8 @@ void ModelCmId::listen(uint16_t port, int backlog) {
     }
   }
   set_state(RdmaCmState::LISTEN);
-  env().record(st_.host, st_.label, "verb",
-               {{"verb", "rdma_listen"}, {"port", port}, {"backlog", backlog_}});
+  env().record_fields(st_.host, st_.label, "verb",
+                      {{"verb", "rdma_listen"}, {"port", port}, {"backlog", backlog_}});
 }
 
 std::shared_ptr<Qp> ModelCmId::create_qp(Pd& pd, const QpInitAttr& attr_in) {
@@ -167,18 +167,18 @@ std::shared_ptr<Qp> ModelCmId::create_qp(Pd& pd, const QpInitAttr& attr_in) {
     throw;
   }
   qp_ = qp;
-  env().record(st_.host, st_.label, "verb", {{"verb", verb}, {"qp_num", qp->qp_num()}});
+  env().record_fields(st_.host, st_.label, "verb", {{"verb", verb}, {"qp_num", qp->qp_num()}});
   return qp;
 }
 
 void ModelCmId::set_timing(const CmTiming& t) {
   enter("rdma_set_option");
   timing_ = t;
-  env().record(st_.host, st_.label, "verb",
-               {{"verb", "rdma_set_option"},
-                {"cm_response_timeout", t.cm_response_timeout},
-                {"max_cm_retries", t.max_cm_retries},
-                {"packet_life_time", t.packet_life_time}});
+  env().record_fields(st_.host, st_.label, "verb",
+                      {{"verb", "rdma_set_option"},
+                       {"cm_response_timeout", t.cm_response_timeout},
+                       {"max_cm_retries", t.max_cm_retries},
+                       {"packet_life_time", t.packet_life_time}});
 }
 
 void ModelCmId::connect(const ConnParam& param) {
@@ -186,8 +186,8 @@ void ModelCmId::connect(const ConnParam& param) {
   require("rdma_connect", {RdmaCmState::ROUTE_RESOLVED});
   if (!qp_) throw Error("rdma_connect", EINVAL, st_.label + " has no QP (model)");
   param_ = param;
-  env().record(st_.host, st_.label, "verb",
-               {{"verb", "rdma_connect"}, {"dst", dst_host_}, {"port", port_}});
+  env().record_fields(st_.host, st_.label, "verb",
+                      {{"verb", "rdma_connect"}, {"dst", dst_host_}, {"port", port_}});
   set_state(RdmaCmState::CONNECT);
   if (iwarp()) return iw_connect();
   ib_connect();
@@ -198,14 +198,14 @@ void ModelCmId::accept(const ConnParam& param) {
   require("rdma_accept", {RdmaCmState::CONNECT});
   if (!qp_) throw Error("rdma_accept", EINVAL, st_.label + " has no QP (model)");
   param_ = param;
-  env().record(st_.host, st_.label, "verb", {{"verb", "rdma_accept"}});
+  env().record_fields(st_.host, st_.label, "verb", {{"verb", "rdma_accept"}});
   if (iwarp()) return iw_accept();
   ib_accept();
 }
 
 void ModelCmId::reject(const std::vector<uint8_t>& private_data) {
   enter("rdma_reject");
-  env().record(st_.host, st_.label, "verb", {{"verb", "rdma_reject"}});
+  env().record_fields(st_.host, st_.label, "verb", {{"verb", "rdma_reject"}});
   if (iwarp()) return iw_reject();
   if (!ib_id_) throw Error("rdma_reject", EINVAL, st_.label + " has no connection");
   try {
@@ -217,7 +217,7 @@ void ModelCmId::reject(const std::vector<uint8_t>& private_data) {
 
 void ModelCmId::disconnect() {
   enter("rdma_disconnect");
-  env().record(st_.host, st_.label, "verb", {{"verb", "rdma_disconnect"}});
+  env().record_fields(st_.host, st_.label, "verb", {{"verb", "rdma_disconnect"}});
   disconnect_called_ = true;
   if (iwarp()) return iw_disconnect();
   if (!ib_id_) throw Error("rdma_disconnect", EINVAL, st_.label + " has no connection");
@@ -248,7 +248,8 @@ void ModelCmId::qp_to_err() {
   try {
     modify_qp(QpState::ERR, QpAttr{}, QP_STATE);
   } catch (const Error& e) {
-    env().record(st_.host, st_.label, "cm_qp_error", {{"err", e.err()}, {"detail", e.detail()}});
+    env().record_fields(st_.host, st_.label, "cm_qp_error",
+                        {{"err", e.err()}, {"detail", e.detail()}});
   }
 }
 
@@ -263,8 +264,8 @@ void ModelCmId::destroy(TimeNs deadline_ns) {
   st_.check("rdma_destroy_id");
   if (!acked) {
     const uint64_t n = ch_.unacked(st_.id);
-    env().record(st_.host, st_.label, "verb",
-                 {{"verb", "rdma_destroy_id"}, {"err", EBUSY}, {"unacked", n}});
+    env().record_fields(st_.host, st_.label, "verb",
+                        {{"verb", "rdma_destroy_id"}, {"err", EBUSY}, {"unacked", n}});
     throw Error("rdma_destroy_id", EBUSY,
                 st_.label + ": " + std::to_string(n) + " events read and not acked");
   }

@@ -112,8 +112,8 @@ void ModelCmId::on_ib_event(const IbCmEvent& ev) {
   const bool timewait = ev.type == IbCmEventType::TIMEWAIT_EXIT;
   if ((!timewait && state_ != RdmaCmState::CONNECT) ||
       (timewait && state_ != RdmaCmState::DISCONNECT)) {
-    env().record(st_.host, st_.label, "cm_event_ignored",
-                 {{"ib_event", to_string(ev.type)}, {"state", to_string(state_)}});
+    env().record_fields(st_.host, st_.label, "cm_event_ignored",
+                        {{"ib_event", to_string(ev.type)}, {"state", to_string(state_)}});
     return;
   }
   switch (ev.type) {
@@ -161,7 +161,7 @@ void ModelCmId::on_ib_req(const IbCmEvent& ev) {
     return;
   }
   if (ch_.unread_connect_requests(st_.id) >= static_cast<size_t>(backlog_)) {
-    env().record(st_.host, st_.label, "cm_backlog_full", {{"backlog", backlog_}});
+    env().record_fields(st_.host, st_.label, "cm_backlog_full", {{"backlog", backlog_}});
     ib().destroy_id(ev.id, ENOMEM);
     return;
   }
@@ -176,11 +176,11 @@ void ModelCmId::on_ib_req(const IbCmEvent& ev) {
   conn->peer_gid_ = ev.msg.src_gid;
   conn->peer_host_ = ev.remote_host;
   conn->state_ = RdmaCmState::CONNECT;
-  env().record(st_.host, conn->label(), "cm_create",
-               {{"layer", "rdma_cm"},
-                {"listen_id", st_.id},
-                {"peer", ev.remote_host},
-                {"peer_qpn", ev.msg.local_qpn}});
+  env().record_fields(st_.host, conn->label(), "cm_create",
+                      {{"layer", "rdma_cm"},
+                       {"listen_id", st_.id},
+                       {"peer", ev.remote_host},
+                       {"peer_qpn", ev.msg.local_qpn}});
   ib().set_handler(ev.id, conn->ib_handler());
   report(CmEventType::CONNECT_REQUEST, 0, ev.msg.private_data, st_.id, conn->id());
   ib().send_mra(ev.id, kCmaMraServiceTimeout, true);

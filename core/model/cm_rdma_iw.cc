@@ -97,8 +97,8 @@ void ModelCmId::iw_destroy(std::optional<TimeNs> deadline_ns) {
 void ModelCmId::on_iw_event(const IwCmEvent& ev) {
   if (ev.type == IwCmEventType::CONNECT_REQUEST) return on_iw_req(ev);
   if (state_ != RdmaCmState::CONNECT) {
-    env().record(st_.host, st_.label, "cm_event_ignored",
-                 {{"iw_event", to_string(ev.type)}, {"state", to_string(state_)}});
+    env().record_fields(st_.host, st_.label, "cm_event_ignored",
+                        {{"iw_event", to_string(ev.type)}, {"state", to_string(state_)}});
     return;
   }
   switch (ev.type) {
@@ -127,7 +127,7 @@ void ModelCmId::on_iw_event(const IwCmEvent& ev) {
 void ModelCmId::on_iw_req(const IwCmEvent& ev) {
   if (state_ != RdmaCmState::LISTEN) return iw().destroy_id(ev.id);
   if (ch_.unread_connect_requests(st_.id) >= static_cast<size_t>(backlog_)) {
-    env().record(st_.host, st_.label, "cm_backlog_full", {{"backlog", backlog_}});
+    env().record_fields(st_.host, st_.label, "cm_backlog_full", {{"backlog", backlog_}});
     return iw().destroy_id(ev.id);  // rejected on the caller's behalf
   }
   auto conn = ch_.adopt_passive();
@@ -137,11 +137,11 @@ void ModelCmId::on_iw_req(const IwCmEvent& ev) {
   conn->peer_qpn_ = ev.remote_qpn;
   conn->peer_host_ = ev.remote_host;
   conn->state_ = RdmaCmState::CONNECT;
-  env().record(st_.host, conn->label(), "cm_create",
-               {{"layer", "rdma_cm"},
-                {"listen_id", st_.id},
-                {"peer", ev.remote_host},
-                {"peer_qpn", ev.remote_qpn}});
+  env().record_fields(st_.host, conn->label(), "cm_create",
+                      {{"layer", "rdma_cm"},
+                       {"listen_id", st_.id},
+                       {"peer", ev.remote_host},
+                       {"peer_qpn", ev.remote_qpn}});
   iw().set_handler(ev.id, conn->iw_handler());
   report(CmEventType::CONNECT_REQUEST, 0, ev.private_data, st_.id, conn->id());
 }

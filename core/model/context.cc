@@ -81,8 +81,9 @@ std::shared_ptr<Mr> ModelContext::reg_mr(Pd& pd_in, uint64_t length, uint32_t ac
   }
   if (length > (1ull << 30)) throw Error(verb, ENOMEM, "model MRs are at most 1 GiB");
   auto mr = adopt(std::make_shared<ModelMr>(*this, pd, length, access, dev_.alloc_key()));
-  env().record(st_.host, mr->label(), "verb",
-               {{"verb", verb}, {"length", length}, {"access", access}, {"lkey", mr->lkey()}});
+  env().record_fields(
+      st_.host, mr->label(), "verb",
+      {{"verb", verb}, {"length", length}, {"access", access}, {"lkey", mr->lkey()}});
   return mr;
 }
 
@@ -94,8 +95,8 @@ std::shared_ptr<Cq> ModelContext::create_cq(int cqe) {
   }
   const CqSize size = cq_size(dev_.pers, cqe);  // the provider's rounding (personality.cc)
   auto cq = adopt(std::make_shared<ModelCq>(*this, size.cqe, size.capacity));
-  env().record(st_.host, cq->label(), "verb",
-               {{"verb", "ibv_create_cq"}, {"cqe", cqe}, {"cqe_reported", size.cqe}});
+  env().record_fields(st_.host, cq->label(), "verb",
+                      {{"verb", "ibv_create_cq"}, {"cqe", cqe}, {"cqe_reported", size.cqe}});
   return cq;
 }
 
@@ -110,7 +111,8 @@ std::shared_ptr<Srq> ModelContext::create_srq(Pd& pd_in, const SrqInitAttr& attr
   }
   auto srq =
       adopt(std::make_shared<ModelSrq>(*this, pd, attr, dev_.alloc_srqn(), nullptr, nullptr));
-  env().record(st_.host, srq->label(), "verb", {{"verb", verb}, {"srq_num", srq->srq_num()}});
+  env().record_fields(st_.host, srq->label(), "verb",
+                      {{"verb", verb}, {"srq_num", srq->srq_num()}});
   return srq;
 }
 
@@ -129,8 +131,9 @@ std::shared_ptr<Srq> ModelContext::create_srq_xrc(Pd& pd_in, Xrcd& xrcd_in, Cq& 
   }
   auto srq =
       adopt(std::make_shared<ModelSrq>(*this, pd, attr, dev_.alloc_srqn(), &cq, xrcd.core()));
-  env().record(st_.host, srq->label(), "verb",
-               {{"verb", verb}, {"srq_num", srq->srq_num()}, {"xrcd", xrcd.core()->label()}});
+  env().record_fields(
+      st_.host, srq->label(), "verb",
+      {{"verb", verb}, {"srq_num", srq->srq_num()}, {"xrcd", xrcd.core()->label()}});
   return srq;
 }
 
@@ -151,7 +154,7 @@ std::shared_ptr<Xrcd> ModelContext::open_xrcd(const std::string& path, bool o_cr
     if (!path.empty()) dev_.xrcd_inodes[path] = core;
   }
   auto xrcd = adopt(std::make_shared<ModelXrcd>(*this, core));
-  env().record(
+  env().record_fields(
       st_.host, xrcd->label(), "verb",
       {{"verb", verb}, {"path", path}, {"xrcd", core->label()}, {"handles", core->handles}});
   return xrcd;
@@ -198,8 +201,9 @@ std::shared_ptr<Qp> ModelContext::create_qp(const QpInitAttr& a) {
   core->handles.push_back(qp.get());
   dev_.qp_table[qpn] = core.get();
   if (xrcd) xrcd->tgt_qps[qpn] = core;
-  env().record(st_.host, qp->label(), "verb",
-               {{"verb", verb}, {"qp_num", qpn}, {"qp_type", std::string(to_string(a.qp_type))}});
+  env().record_fields(
+      st_.host, qp->label(), "verb",
+      {{"verb", verb}, {"qp_num", qpn}, {"qp_type", std::string(to_string(a.qp_type))}});
   return qp;
 }
 
@@ -215,8 +219,8 @@ std::shared_ptr<Qp> ModelContext::open_qp(Xrcd& xrcd_in, uint32_t qp_num) {
   }
   auto qp = adopt(std::make_shared<ModelQp>(*this, it->second, true));
   it->second->handles.push_back(qp.get());
-  env().record(st_.host, qp->label(), "verb",
-               {{"verb", verb}, {"qp_num", qp_num}, {"real_qp", it->second->label()}});
+  env().record_fields(st_.host, qp->label(), "verb",
+                      {{"verb", verb}, {"qp_num", qp_num}, {"real_qp", it->second->label()}});
   return qp;
 }
 
@@ -239,13 +243,13 @@ std::optional<AsyncEvent> ModelContext::get_async_event(TimeNs deadline_ns) {
     ++counts_[ev.object_id].reported;  // uverbs counts events_reported when user space reads
     read_unacked_[ev.seq] = ev.object_id;
   }
-  env().record(st_.host, st_.label, "async_event_read",
-               {{"event", std::string(to_string(ev.type))},
-                {"seq", ev.seq},
-                {"object_id", ev.object_id},
-                {"qp_num", ev.qp_num},
-                {"srq_num", ev.srq_num},
-                {"port_num", ev.port_num}});
+  env().record_fields(st_.host, st_.label, "async_event_read",
+                      {{"event", std::string(to_string(ev.type))},
+                       {"seq", ev.seq},
+                       {"object_id", ev.object_id},
+                       {"qp_num", ev.qp_num},
+                       {"srq_num", ev.srq_num},
+                       {"port_num", ev.port_num}});
   return ev;
 }
 
@@ -257,11 +261,11 @@ void ModelContext::ack_async_event(const AsyncEvent& ev) {
     ++counts_[it->second].completed;
     read_unacked_.erase(it);
   }
-  env().record(st_.host, st_.label, "async_event_ack",
-               {{"event", std::string(to_string(ev.type))},
-                {"seq", ev.seq},
-                {"object_id", ev.object_id},
-                {"known", known}});
+  env().record_fields(st_.host, st_.label, "async_event_ack",
+                      {{"event", std::string(to_string(ev.type))},
+                       {"seq", ev.seq},
+                       {"object_id", ev.object_id},
+                       {"known", known}});
 }
 
 void ModelContext::forget_object(uint64_t object_id) {

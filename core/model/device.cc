@@ -174,15 +174,15 @@ void Device::make_fatal() {
 void Device::remove() {
   if (caps.disassociates) {
     for (ModelContext* ctx : contexts) ctx->disassociate();
-    env.record(host, "device", "device_disassociate", {{"contexts", contexts.size()}});
+    env.record_fields(host, "device", "device_disassociate", {{"contexts", contexts.size()}});
     make_fatal();  // ib_uverbs_free_hw_resources: RDMA_REMOVE_DRIVER_REMOVE -> DEVICE_FATAL
     removal = Removal::kRemoved;
-    env.record(host, "device", "device_removed", {{"device", caps.name}});
+    env.record_fields(host, "device", "device_removed", {{"device", caps.name}});
     return;
   }
   removal = Removal::kPending;
-  env.record(host, "device", "device_removal_pending",
-             {{"device", caps.name}, {"contexts", contexts.size()}});
+  env.record_fields(host, "device", "device_removal_pending",
+                    {{"device", caps.name}, {"contexts", contexts.size()}});
   context_closed();
 }
 
@@ -190,7 +190,7 @@ void Device::context_closed() {
   if (removal != Removal::kPending || !contexts.empty()) return;
   removal = Removal::kRemoved;  // wait_for_completion(&uverbs_dev->comp) returns
   fatal = true;                 // (model) the device is gone: no packets, no verbs
-  env.record(host, "device", "device_removed", {{"device", caps.name}});
+  env.record_fields(host, "device", "device_removed", {{"device", caps.name}});
 }
 
 // The disassociated contexts stay dead (ModelContext::disassociated); the new device serves
@@ -199,7 +199,7 @@ void Device::add_back() {
   removal = Removal::kNone;
   fatal = false;
   port_up = true;
-  env.record(host, "device", "device_added", {{"device", caps.name}});
+  env.record_fields(host, "device", "device_added", {{"device", caps.name}});
 }
 
 Device* Device::resolve(const AhAttr& ah) const {
@@ -215,8 +215,8 @@ void Device::send(Frame f, const AhAttr& ah) {
   f.pkt.src_host = host;
   f.pkt.qp_type = f.qp_type;  // the BTH's transport, for the wire-fault rules
   if (dst == nullptr) {
-    env.record(host, "fabric", "unroutable",
-               {{"opcode", f.pkt.opcode}, {"dest_qpn", f.pkt.dest_qpn}});
+    env.record_fields(host, "fabric", "unroutable",
+                      {{"opcode", f.pkt.opcode}, {"dest_qpn", f.pkt.dest_qpn}});
     return;
   }
   f.pkt.dst_host = dst->host;

@@ -49,6 +49,12 @@ struct Env {
     history.record(host, object, kind, std::move(data));
   }
 
+  // record() for flat data (strings, integers, booleans) without building a JSON object.
+  void record_fields(const std::string& host, const std::string& object, const std::string& kind,
+                     std::initializer_list<HistoryField> data) {
+    history.record_fields(host, object, kind, data);
+  }
+
   // Every fault is counted and recorded as kind "fault" with data.fault = its name.
   void fault(const std::string& host, const std::string& object, const std::string& name,
              nlohmann::json data = nlohmann::json::object()) {

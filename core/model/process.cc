@@ -30,8 +30,8 @@ std::shared_ptr<Context> ModelProcess::open_device(const std::string& device_nam
   auto ctx = std::make_shared<ModelContext>(dev, *this);
   dev.contexts.push_back(ctx.get());
   contexts_.push_back(ctx);
-  env_.record(host_.name(), ctx->label(), "verb",
-              {{"verb", "ibv_open_device"}, {"device", dev.caps.name}, {"process", name_}});
+  env_.record_fields(host_.name(), ctx->label(), "verb",
+                     {{"verb", "ibv_open_device"}, {"device", dev.caps.name}, {"process", name_}});
   return ctx;
 }
 
@@ -41,8 +41,8 @@ std::shared_ptr<CmEventChannel> ModelProcess::create_event_channel() {
   env_.enter_verb(host_.name(), "rdma_create_event_channel", label());
   auto ch = std::make_shared<ModelCmEventChannel>(*this);
   channels_.push_back(ch);
-  env_.record(host_.name(), ch->label(), "verb",
-              {{"verb", "rdma_create_event_channel"}, {"process", name_}});
+  env_.record_fields(host_.name(), ch->label(), "verb",
+                     {{"verb", "rdma_create_event_channel"}, {"process", name_}});
   return ch;
 }
 
@@ -64,7 +64,7 @@ void ModelProcess::kill() {
 void ModelProcess::crash() {
   if (!token_->alive || !alive_) return;
   alive_ = false;
-  env_.record(host_.name(), label(), "process_crash", {{"process", name_}, {"pid", pid_}});
+  env_.record_fields(host_.name(), label(), "process_crash", {{"process", name_}, {"pid", pid_}});
   release_everything(Release::kKill);
 }
 
@@ -154,7 +154,7 @@ std::shared_ptr<Process> ModelHost::create_process(const std::string& name) {
   }
   auto p = std::make_shared<ModelProcess>(env_, *this, name, env_.next_pid++);
   processes_.push_back(p);
-  env_.record(name_, p->label(), "process_start", {{"process", name}, {"pid", p->pid()}});
+  env_.record_fields(name_, p->label(), "process_start", {{"process", name}, {"pid", p->pid()}});
   return p;
 }
 

@@ -120,8 +120,9 @@ void QpCore::set_state(QpState to, const std::string& why) {
     to = QpState::ERR;
   }
   state = to;
-  env.record(dev.host, label(), "qp_state",
-             {{"from", state_name(from)}, {"to", state_name(to)}, {"qp_num", qpn}, {"why", why}});
+  env.record_fields(
+      dev.host, label(), "qp_state",
+      {{"from", state_name(from)}, {"to", state_name(to)}, {"qp_num", qpn}, {"why", why}});
   enter_state(from, to);
 }
 
@@ -177,8 +178,8 @@ void QpCore::bind_peer(const Gid& dgid, uint32_t dest_qpn, uint32_t sq_psn, uint
   attr.dest_qp_num = dest_qpn;
   attr.sq_psn = next_psn_ = sq_psn & 0xffffff;
   attr.rq_psn = epsn_ = rq_psn & 0xffffff;
-  env.record(dev.host, label(), "qp_peer",
-             {{"qp_num", qpn}, {"dest_qp_num", dest_qpn}, {"dgid", dgid.str()}});
+  env.record_fields(dev.host, label(), "qp_peer",
+                    {{"qp_num", qpn}, {"dest_qp_num", dest_qpn}, {"dgid", dgid.str()}});
 }
 
 void QpCore::device_fatal() {
@@ -324,12 +325,12 @@ void QpCore::post_send(const SendWr& wr) {
   w.seq = next_wqe_seq_++;
   w.signaled = wr.signaled || sq_sig_all;
   sq_.push_back(w);
-  env.record(dev.host, label(), "post",
-             {{"queue", "send"},
-              {"wr_id", wr.wr_id},
-              {"signaled", w.signaled},
-              {"qp_num", qpn},
-              {"opcode", std::string(to_string(wr.opcode))}});
+  env.record_fields(dev.host, label(), "post",
+                    {{"queue", "send"},
+                     {"wr_id", wr.wr_id},
+                     {"signaled", w.signaled},
+                     {"qp_num", qpn},
+                     {"opcode", std::string(to_string(wr.opcode))}});
   if (state == QpState::RTS) {
     kick();
   } else if (state == QpState::ERR || state == QpState::SQE) {
@@ -360,8 +361,8 @@ void QpCore::post_recv(const RecvWr& wr) {
     throw Error(verb, EINVAL, "more SGEs than max_recv_sge");
   if (rq_.size() >= cap.max_recv_wr) throw Error(verb, ENOMEM, label() + ": receive queue full");
   rq_.push_back(wr);
-  env.record(dev.host, label(), "post",
-             {{"queue", "recv"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"qp_num", qpn}});
+  env.record_fields(dev.host, label(), "post",
+                    {{"queue", "recv"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"qp_num", qpn}});
   if (state == QpState::ERR || state == QpState::SQE) post_in_error();
 }
 
@@ -419,18 +420,27 @@ void ModelQp::check_device(const std::string& verb) const {
 void ModelQp::modify(const QpAttr& attr, uint32_t attr_mask) {
   enter("ibv_modify_qp", core_->qpn);
   check_device("ibv_modify_qp");
-  nlohmann::json data = {
-      {"verb", "ibv_modify_qp"}, {"qp_num", core_->qpn}, {"mask", attr_mask_names(attr_mask)}};
-  if (attr_mask & QP_STATE) data["qp_state"] = std::string(to_string(attr.qp_state));
+  const std::string mask = attr_mask_names(attr_mask);
   try {
     core_->modify(attr, attr_mask);
   } catch (const Error& e) {
     data["err"] = e.err();
     data["detail"] = e.detail();
     env().record(st_.host, st_.label, "verb", data);
+    nlohmann::json data = {{"verb", "ibv_modify_qp"}, {"qp_num", core_->qpn}, {"mask", mask}};
+    if (attr_mask & QP_STATE) data["qp_state"] = std::string(to_string(attr.qp_state));
     throw;
   }
-  env().record(st_.host, st_.label, "verb", data);
+  if (attr_mask & QP_STATE) {
+    env().record_fields(st_.host, st_.label, "verb",
+                        {{"verb", "ibv_modify_qp"},
+                         {"qp_num", core_->qpn},
+                         {"mask", mask},
+                         {"qp_state", to_string(attr.qp_state)}});
+  } else {
+    env().record_fields(st_.host, st_.label, "verb",
+                        {{"verb", "ibv_modify_qp"}, {"qp_num", core_->qpn}, {"mask", mask}});
+  }
 }
 
 QpAttr ModelQp::query() const {
@@ -460,7 +470,7 @@ void ModelQp::destroy(TimeNs deadline_ns) {
   st_.check("ibv_destroy_qp");
   if (!acked) {
     const uint64_t n = ctx_.unacked(st_.id);
-    env().record(
+    env().record_fields(
         st_.host, st_.label, "verb",
         {{"verb", "ibv_destroy_qp"}, {"qp_num", core_->qpn}, {"err", EBUSY}, {"unacked", n}});
     throw Error("ibv_destroy_qp", EBUSY,
@@ -480,8 +490,8 @@ void ModelQp::release(Release why) {
       core_->destroy();
     } else if (hs.empty() && core_->dev.caps.xrc_tgt_lifetime != XrcTgtLifetime::kXrcd) {
       // Today's rule (kHandle): the TGT QP ends with its last handle, whatever holds the XRCD.
-      env().record(st_.host, core_->label(), "tgt_qp_destroyed",
-                   {{"qp_num", core_->qpn}, {"reason", "last handle"}});
+      env().record_fields(st_.host, core_->label(), "tgt_qp_destroyed",
+                          {{"qp_num", core_->qpn}, {"reason", "last handle"}});
       core_->destroy();
     }
   }

@@ -164,15 +164,17 @@ void ModelSrq::post_recv(const RecvWr& wr) {
   if (wr.sg_list.size() > max_sge_) throw Error("ibv_post_srq_recv", EINVAL, "too many SGEs");
   if (wqes_.size() >= max_wr_) throw Error("ibv_post_srq_recv", ENOMEM, st_.label + ": SRQ full");
   wqes_.push_back(wr);
-  env().record(st_.host, st_.label, "post",
-               {{"queue", "srq"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"srq_num", srqn_}});
+  env().record_fields(
+      st_.host, st_.label, "post",
+      {{"queue", "srq"}, {"wr_id", wr.wr_id}, {"signaled", true}, {"srq_num", srqn_}});
 }
 
 void ModelSrq::arm_limit(uint32_t srq_limit) {
   enter("ibv_modify_srq");
   if (srq_limit > max_wr_) throw Error("ibv_modify_srq", EINVAL, "srq_limit above max_wr");
   limit_ = srq_limit;
-  env().record(st_.host, st_.label, "verb", {{"verb", "ibv_modify_srq"}, {"srq_limit", srq_limit}});
+  env().record_fields(st_.host, st_.label, "verb",
+                      {{"verb", "ibv_modify_srq"}, {"srq_limit", srq_limit}});
 }
 
 // IBA 10.2.9.2: below the armed limit the SRQ raises SRQ_LIMIT_REACHED once and disarms.
@@ -225,8 +227,8 @@ void XrcdCore::maybe_destroy() {
     // Legacy rule: the TGT QPs end with the domain's last reference.
     auto qps = tgt_qps;
     for (auto& [qpn, core] : qps) {
-      dev.env.record(dev.host, core->label(), "tgt_qp_destroyed",
-                     {{"qp_num", qpn}, {"reason", "xrcd closed"}});
+      dev.env.record_fields(dev.host, core->label(), "tgt_qp_destroyed",
+                            {{"qp_num", qpn}, {"reason", "xrcd closed"}});
       core->destroy();
     }
   }
@@ -236,7 +238,7 @@ void XrcdCore::maybe_destroy() {
   auto it = dev.xrcd_inodes.find(path);
   if (!path.empty() && it != dev.xrcd_inodes.end() && it->second.get() == this)
     dev.xrcd_inodes.erase(it);
-  dev.env.record(dev.host, label(), "xrcd_destroyed", {{"path", path}});
+  dev.env.record_fields(dev.host, label(), "xrcd_destroyed", {{"path", path}});
 }
 
 ModelXrcd::ModelXrcd(ModelContext& ctx, std::shared_ptr<XrcdCore> core)

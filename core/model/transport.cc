@@ -219,8 +219,9 @@ void QpCore::on_retransmit_timeout() {
   if ((state != QpState::RTS && state != QpState::SQD) || !any_in_flight(sq_)) return;
   if (!consume_retry("local ACK timeout")) return;
   const uint32_t psn = sq_.front().psn;
-  env.record(dev.host, label(), "retransmit",
-             {{"qp_num", qpn}, {"psn", psn}, {"cause", "timeout"}, {"retry_left", retry_left_}});
+  env.record_fields(
+      dev.host, label(), "retransmit",
+      {{"qp_num", qpn}, {"psn", psn}, {"cause", "timeout"}, {"retry_left", retry_left_}});
   go_back(psn);
 }
 
@@ -288,7 +289,7 @@ void QpCore::on_response(const Frame& f) {
     if (f.pkt.syndrome == "RNR_NAK") return on_rnr_nak(f);
     if (f.pkt.syndrome == "NAK_SEQ") {
       if (!consume_retry("NAK sequence error")) return;
-      env.record(
+      env.record_fields(
           dev.host, label(), "retransmit",
           {{"qp_num", qpn}, {"psn", psn}, {"cause", "NAK_SEQ"}, {"retry_left", retry_left_}});
       return go_back(psn);
@@ -317,12 +318,12 @@ void QpCore::on_rnr_nak(const Frame& f) {
   rnr_waiting_ = true;
   arm_retransmit(true);  // cancels: no ACK timeout while waiting out the RNR timer
   const TimeNs wait = rnr_timer_ns(f.rnr_timer);
-  env.record(dev.host, label(), "retransmit",
-             {{"qp_num", qpn},
-              {"psn", f.pkt.psn},
-              {"cause", "RNR_NAK"},
-              {"rnr_left", rnr_left_},
-              {"wait_ns", wait}});
+  env.record_fields(dev.host, label(), "retransmit",
+                    {{"qp_num", qpn},
+                     {"psn", f.pkt.psn},
+                     {"cause", "RNR_NAK"},
+                     {"rnr_left", rnr_left_},
+                     {"wait_ns", wait}});
   rnr_timer_ = env.runtime.schedule_after(wait, [self = shared_from_this()] {
     self->rnr_timer_ = 0;
     self->rnr_waiting_ = false;

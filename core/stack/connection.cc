@@ -90,6 +90,29 @@ struct CmEventPump::State {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
   }
 
+  // event_json(ev) with "handler": how, without building the JSON object (one per event).
+  void record_routed(const std::string& object, const std::string& kind, const CmEvent& ev,
+                     const std::string& how) {
+    if (history == nullptr) return;
+    const std::string_view event = to_string(ev.event);
+    if (ev.event == CmEventType::CONNECT_REQUEST) {
+      history->record_fields(host, object, kind,
+                             {{"event", event},
+                              {"status", ev.status},
+                              {"id", ev.id},
+                              {"seq", ev.seq},
+                              {"listen_id", ev.listen_id},
+                              {"handler", how}});
+    } else {
+      history->record_fields(host, object, kind,
+                             {{"event", event},
+                              {"status", ev.status},
+                              {"id", ev.id},
+                              {"seq", ev.seq},
+                              {"handler", how}});
+    }
+  }
+
   // rdma_ack_cm_event, unless the id's acks are held (hold_acks).
   void ack(const CmEvent& ev) {
     bool held = false;
@@ -204,10 +227,8 @@ void CmEventPump::State::route(const CmEvent& ev) {
       e->fifo.push_back({ev, std::move(handler)});  // scheduled after the record below
     }
   }
-  auto data = event_json(ev);
-  data["handler"] = how;
   const bool drop = how == "dropped" || how == "orphaned";
-  record(label, drop ? "cm_event_dropped_after_destroy" : "cm_event_dispatched", std::move(data));
+  record_routed(label, drop ? "cm_event_dropped_after_destroy" : "cm_event_dispatched", ev, how);
   if (drop || how == "none") {
     ack(ev);
     if (how == "orphaned") dispose_orphan(ev.id, label, runtime.now_ns() + kNsPerSec);
