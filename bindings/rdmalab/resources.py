@@ -14,13 +14,37 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import _core, cm as _cm
 from . import remote as _remote
-from .errors import FaultNotSupported
+from .errors import DeadlineExceeded, FaultNotSupported, raise_parked
 from . import stack
-from .names import sec
+from . import verbs as _verbs
+from .names import access_flags, parse, sec
+from .protocol import VIRTUAL_TIME
 from .verbs import WC
 
 RDMA_ACCESS = "LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ"
+
+
+def _wait_types(event: str) -> list:
+    """CmId.wait's event types for `event` with the default fail_on (FAILURE_EVENTS)."""
+    want = parse(_core.CmEventType, event, "CM event")
+    return [want] + [t for t in _cm._FAILURE_TYPES if t != want]
+
+
+_ESTABLISHED = _wait_types("ESTABLISHED")
+_DISCONNECTED = _wait_types("DISCONNECTED")
+_ACCESS_BITS: dict[str, int] = {}  # access names -> bits, parsed once per spelling
+
+
+def _reg_mr(ctx, pd, length: int, access):
+    """ctx.reg_mr(pd, length, access), with the access names parsed once (a local context)."""
+    if type(ctx) is not _verbs.Context or not isinstance(access, str):
+        return ctx.reg_mr(pd, length, access)
+    bits = _ACCESS_BITS.get(access)
+    if bits is None:
+        bits = _ACCESS_BITS[access] = access_flags(access)
+    return _verbs.Mr(ctx, _verbs._run(ctx._o.reg_mr, _verbs.unwrap(pd), length, bits))
 
 
 class Player:
@@ -136,10 +160,21 @@ class CmSide(Player):
         self.proc = conn.channel.process
         self.host = self.proc.host
         self.ctx, self.pd, self.cq, self.qp = conn.ctx, conn.pd, conn.cq, conn.qp
-        self.mr = self.ctx.reg_mr(self.pd, mr_size, access)
+        self.mr = _reg_mr(self.ctx, self.pd, mr_size, access)
         self.srq = None
         self.psn = 0
-        self.traffic = stack.Traffic(lab, self.host.name)
+        self._traffic = None
+
+    @property
+    def traffic(self) -> stack.Traffic:
+        """Made at first use: most CM scenarios never post (a ledger costs engine objects)."""
+        if self._traffic is None:
+            self._traffic = stack.Traffic(self.lab, self.host.name)
+        return self._traffic
+
+    @traffic.setter
+    def traffic(self, value: stack.Traffic) -> None:
+        self._traffic = value
 
     def close(self, timeout_ns: int = sec(1)) -> None:
         """Deregisters this side's MR, then destroys the id with its QP, CQ and PD
@@ -170,6 +205,11 @@ class CmPair:
         timeout_ns += lab.tolerance_ns  # a device's timers: see AgentLab.tolerance_ns
         self.server_channel = _process(lab, server, process_server).event_channel()
         self.client_channel = _process(lab, client, process_client).event_channel()
+        if self._up_at_once(server, port, timeout_ns, timing, private_data, accept_data, kw):
+            self.client = CmSide(lab, self._conn, mr_size=mr_size)
+            self.server = CmSide(lab, self._req, mr_size=mr_size)
+            del self._conn, self._req
+            return
         self.listener = self.server_channel.listen(port)
         conn = self.client_channel.connect(_name(server), port, timeout_ns=timeout_ns,
                                            timing=timing, private_data=private_data, **kw)
@@ -186,18 +226,137 @@ class CmPair:
 
     def disconnect(self, timeout_ns: int = sec(1)) -> None:
         """The client disconnects, the server answers the close; both see DISCONNECTED."""
+        if self._down_at_once(timeout_ns):
+            return
         self.client.conn.disconnect()
         self.server.conn.wait("DISCONNECTED", timeout_ns)
         self.server.conn.disconnect()
         self.client.conn.wait("DISCONNECTED", timeout_ns)
+
+    # -- the model's fast path: one engine call for the steps above (bindings/src/cm.cc); the
+    # same calls, order and deadlines, so the same history; a step that fails raises here
+    # what it raises in the step-by-step path.
+    def _up_at_once(self, server, port, timeout_ns, timing, private_data, accept_data,
+                    kw) -> bool:
+        lab, sch, cch = self.lab, self.server_channel, self.client_channel
+        if not (lab.has(VIRTUAL_TIME) and type(sch) is _cm.CmChannel
+                and type(cch) is _cm.CmChannel):
+            return False
+        try:  # bad arguments: the step-by-step path raises them at the step it always did
+            _cm._check_port("rdma_listen", port)
+            dst = lab.address_of(_name(server))
+            connect_spec = accept_spec = None  # None: the engine makes _spec's defaults
+            if timing is not None or private_data or accept_data or kw:
+                connect_spec = _cm._spec(dst, port, timing=timing, private_data=private_data,
+                                         **kw)
+                accept_spec = _cm._spec(timing=timing, private_data=accept_data, **kw)
+        except Exception:  # noqa: BLE001 (re-raised by the other path)
+            return False
+        st = _core.CmPairUp()
+        try:
+            _core.cm_pair_up(st, lab._o, sch._pump, cch._pump, port, dst, connect_spec,
+                             accept_spec, timeout_ns, _ESTABLISHED)
+        except DeadlineExceeded as e:
+            self._adopt_up(st)
+            if st.client is None:  # CmChannel.connect's Hung
+                raise cch._hung(e.detail, timeout_ns, e.verb) from e
+            raise
+        except BaseException:
+            self._adopt_up(st)
+            raise
+        self._adopt_up(st)
+        raise_parked()
+        if st.ok:
+            return True
+        if st.request is None:
+            raise self.listener._hung("waiting for CONNECT_REQUEST", timeout_ns)
+        for waited, rec, side in ((st.client_waited, st.client_established, self._conn),
+                                  (st.server_waited, st.server_established, self._req)):
+            _check_wait(waited, rec, side, "ESTABLISHED", timeout_ns)
+        return True
+
+    def _adopt_up(self, st) -> None:
+        """Wraps what cm_pair_up made, as listen, connect, wait_request and accept do."""
+        if st.listener is not None:
+            self.listener = self.server_channel._wrap(st.listener, "listener")
+        parts = st.client_parts
+        if parts is not None:
+            self._conn = self.client_channel._wrap(parts[0], "active side")
+            _adopt_parts(self._conn, parts)
+        if st.request is not None:
+            ch, ev, parts = self.server_channel, st.request, st.server_parts
+            self._req = ch._wrap(parts[0] if parts else ch._o.cm_id(ev.id), "passive side")
+            self._req.request = _cm.CmEvent.from_core(ev, st.request_ns)
+            if parts is not None and self._req.qp is None:
+                _adopt_parts(self._req, parts)
+
+    def _down_at_once(self, timeout_ns: int) -> bool:
+        c, s = self.client.conn, self.server.conn
+        if not (self.lab.has(VIRTUAL_TIME) and type(c) is _cm.CmId and type(s) is _cm.CmId):
+            return False
+        st = _core.CmPairDown()
+        _core.cm_pair_disconnect(st, self.lab._o, c.channel._pump, c._o, s.channel._pump, s._o,
+                                 timeout_ns, _DISCONNECTED)
+        raise_parked()
+        if st.ok:
+            return True
+        for waited, rec, side in ((st.server_waited, st.server_disconnected, s),
+                                  (st.client_waited, st.client_disconnected, c)):
+            _check_wait(waited, rec, side, "DISCONNECTED", timeout_ns)
+        return True
 
     def close(self, timeout_ns: int = sec(1)) -> None:
         """Deregisters the MRs and closes both channels (every id, QP, CQ and PD)."""
         for side in self.players:
             if not side.mr.destroyed:
                 side.mr.dereg()
-        self.client_channel.close(timeout_ns)
-        self.server_channel.close(timeout_ns)
+        _close_channel(self.client_channel, timeout_ns)
+        _close_channel(self.server_channel, timeout_ns)
+
+
+def _adopt_parts(cm_id, parts) -> None:
+    """CmId._adopt from cm_pair_up's (id, context, pd, cq, qp)."""
+    ctx = cm_id.ctx = _verbs.Context(cm_id.channel.process, parts[1])
+    cm_id.pd, cm_id.cq, cm_id.qp = _verbs.Pd(ctx, parts[2]), _verbs.Cq(ctx, parts[3]), \
+        _verbs.Qp(ctx, parts[4])
+
+
+def _close_channel(ch, timeout_ns: int) -> None:
+    """ch.close(timeout_ns); on a model lab in one engine call when it can (see
+    cm_channel_close in bindings/src/cm.cc): the same ids, order and deadlines."""
+    if ch._closed:
+        return
+    if type(ch) is not _cm.CmChannel or not ch.lab.has(VIRTUAL_TIME):
+        ch.close(timeout_ns)
+        return
+    ids = list(ch._ids.values())
+    if any(type(i) is not _cm.CmId for i in ids):
+        ch.close(timeout_ns)
+        return
+    unwrap = _verbs.unwrap
+    conns = [(i._o, unwrap(i.pd), unwrap(i.cq), unwrap(i.qp)) for i in ids]
+    listeners = [i.id for i in ids if i.role == "listener"]
+    st = _core.CmChannelClose()
+    try:
+        done = _core.cm_channel_close(st, ch.lab._o, ch._pump, conns, listeners, timeout_ns)
+    finally:
+        if st.stopped:
+            ch._closed = True
+    if not done:  # a request nobody took: CmChannel.close wraps its id first
+        ch.close(timeout_ns)
+        return
+    raise_parked()
+
+
+def _check_wait(waited: bool, rec, cm_id, want: str, timeout_ns: int) -> None:
+    """What CmId.wait raises for the record a fused wait got (None: its timeout)."""
+    if not waited:
+        return
+    if rec is None:
+        raise cm_id._hung(f"waiting for {want}", timeout_ns)
+    got = _cm.CmEvent.from_core(rec.event, rec.read_ns)
+    if got.event != want:
+        raise cm_id._failed(got, want)
 
 
 def _needs_rdma_cm(lab, host) -> bool:
