@@ -451,6 +451,20 @@ void IwCm::terminated(QpCore* qp) {
   }
 }
 
+void IwCm::qp_error(QpCore* qp) {
+  for (auto& [id, ep] : eps_) {
+    if (ep->qp.get() != qp || !ep->connected || ep->state != IwCmState::ESTABLISHED) continue;
+    set_state(*ep, IwCmState::CLOSING);
+    if (dev_.pers.qp_error_aborts) {
+      send(*ep, wire("TCP_RST"));
+      return closed(*ep, true, dev_.pers.abort_close_status);
+    }
+    ep->fin_sent = true;  // siw_qp_cm_drop(qp, 0): CLOSE(0) now, the socket released
+    send(*ep, wire("TCP_FIN"));
+    return released(*ep);
+  }
+}
+
 // A destroyed id stays until its endpoint is down (the provider still answers FINs).
 void IwCm::maybe_free(uint32_t id) {
   Ep* ep = find(id);

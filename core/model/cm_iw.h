@@ -85,6 +85,9 @@ class IwCm {
   void on_wire(const IwWire& w, const std::string& src_host);
   // The QP's connection ended with a TERMINATE: the provider drops it, CLOSE(0) (Q7c).
   void terminated(QpCore* qp);
+  // The user moved the QP from RTS to ERR: the provider ends its connection
+  // (Personality::qp_error_aborts).
+  void qp_error(QpCore* qp);
   void reset();  // reboot: every endpoint gone, nothing sent
   std::string dump() const;
 

@@ -113,6 +113,7 @@ Personality iwarp_cxgb4() {
   // cm.c:111 ep_timeout_secs = 60: c4iw_ep_disconnect starts the ep timer; process_timeout in
   // CLOSING/MORIBUND: QP to ERROR, close_complete_upcall(ep, -ETIMEDOUT), then an abort (Q5).
   p.caps.iw_close_timeout_s = 60;
+  p.qp_error_aborts = true;  // qp.c c4iw_modify_qp RTS -> ERROR: abort = 1, c4iw_ep_disconnect
   // cm.c:111 ep_timeout_secs = 60 (module parameter) and start_ep_timer: jiffies +
   // ep_timeout_secs * HZ, in 6.1.192 and 7.2.13. Active: send_mpa_req starts it (MPA_REQ_SENT);
   // passive: pass_establish starts it (MPA_REQ_WAIT). The model has no cxgb4 TCP handshake,

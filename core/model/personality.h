@@ -61,6 +61,10 @@ struct Personality {
   // (The close timer is caps.iw_close_timeout_s: the callers of caps read it.)
   // iWARP: SQD is RDMAC CLOSING; no posts in CLOSING; modify to CLOSING with SQ WRs -> ERR.
   bool iwarp_closing = false;
+  // iWARP: the user moving a connected QP from RTS to ERR ends its connection: an abort (a
+  // TCP RST, CLOSE(abort_close_status): cxgb4's c4iw_modify_qp, abort = 1) or a drop (the
+  // socket released, a FIN, CLOSE(0): siw_qp_nextstate_from_rts, drop_conn).
+  bool qp_error_aborts = false;
   // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
   bool send_port_down_loc_qp_op_err = false;
   uint64_t guid_base = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "model/cm_iw.h"
 #include "model/context.h"
 #include "model/device.h"
 #include "model/qp_state_table.h"
@@ -95,6 +96,8 @@ void QpCore::modify(const QpAttr& a, uint32_t mask) {
   if (mask & QP_DEST_QPN) attr.dest_qp_num = a.dest_qp_num;
   if (mask & QP_EN_SQD_ASYNC_NOTIFY) attr.en_sqd_async_notify = sqd_notify_ = a.en_sqd_async_notify;
   if (next != cur) set_state(next, "ibv_modify_qp");
+  // iWARP: RTS -> ERR by the user ends the connection (siw drop_conn, cxgb4 abort).
+  if (cur == QpState::RTS && next == QpState::ERR && dev.iw_cm) dev.iw_cm->qp_error(this);
 }
 
 QpAttr QpCore::query() const {

@@ -89,6 +89,25 @@ def gap_windows_ms(changes: list) -> list[tuple[int, int]]:
             for a, b in zip(changes, changes[1:])]
 
 
+def test_user_moving_the_qp_to_err_ends_only_an_iwarp_connection(lab):
+    """ibv_modify_qp to ERR on a connected QP. iWARP: the provider ends the LLP connection
+    (siw_qp_nextstate_from_rts: drop_conn, siw_qp_cm_drop, a FIN; cxgb4 c4iw_modify_qp:
+    abort = 1, an RST), so both ids see DISCONNECTED. IB/RoCE: nothing is sent (rdma_cm's
+    DREQ comes only from rdma_disconnect), so neither id sees an event. Found by the
+    differential swarm (vm:siw seed 4: a drain's move to ERR; DISCONNECTED on siw only)."""
+    pair = CmPair(lab)
+    client, server = pair.client.conn, pair.server.conn
+    before = (names(client), names(server))
+    pair.client.qp.modify(qp_state="ERR")
+    if is_iwarp(lab):
+        cev = client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        sev = server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        print(f"DISCONNECTED status: client {cev.status}, server {sev.status}")
+    else:
+        lab.run_for(ms(500))  # a DREQ would reach the peer within a round trip
+        assert (names(client), names(server)) == before
+
+
 @pytest.mark.requires(transport=IB_FAMILY)
 def test_every_drep_dropped(lab):
     """Seed 004: a DREQ that never gets its DREP is retried, then DREQ_ERROR: the disconnecting
