@@ -427,11 +427,11 @@ void ModelQp::modify(const QpAttr& attr, uint32_t attr_mask) {
   try {
     core_->modify(attr, attr_mask);
   } catch (const Error& e) {
+    nlohmann::json data = {{"verb", "ibv_modify_qp"}, {"qp_num", core_->qpn}, {"mask", mask}};
+    if (attr_mask & QP_STATE) data["qp_state"] = std::string(to_string(attr.qp_state));
     data["err"] = e.err();
     data["detail"] = e.detail();
     env().record(st_.host, st_.label, "verb", data);
-    nlohmann::json data = {{"verb", "ibv_modify_qp"}, {"qp_num", core_->qpn}, {"mask", mask}};
-    if (attr_mask & QP_STATE) data["qp_state"] = std::string(to_string(attr.qp_state));
     throw;
   }
   if (attr_mask & QP_STATE) {
