@@ -402,6 +402,11 @@ class Runner(XrcOps):
             if side.host == st["host"]:
                 side.closed = True
         self._xrc_dead(st["host"])
+        # The schedule goes on once the host is back, on every lab: a device's reboot returns
+        # only then (a VM boots in tens of seconds), the model's at once (back after down_ns).
+        # Without this the model's next steps met a host still down (EHOSTDOWN) that the
+        # device's had back (vm:siw seed 8).
+        self.lab.sleep(st["down_ns"] + ms(1))
         return ""
 
     def _op_port_down(self, st: dict) -> str:

@@ -220,6 +220,7 @@ void QpCore::flush_now() {
   while (!sq_.empty()) {
     SendWqe w = std::move(sq_.front());
     sq_.pop_front();
+    if (w.stranded) continue;  // no flush reaches it (siw_sq_flush walks the kernel's SQ)
     if (!lose(!w.reported && send_cq != nullptr)) complete_send(w, WcStatus::WR_FLUSH_ERR);
   }
   while (!rq_.empty()) {
@@ -273,7 +274,10 @@ bool QpCore::can_post_send(const std::string& verb) {
     case QpState::RTS:
       return true;
     case QpState::SQD:
-      if (dev.pers.iwarp_closing) throw Error(verb, EINVAL, label() + ": iWARP QP in CLOSING");
+      // libsiw (kStrand) writes the mapped SQ first: post_send decides (stranded).
+      if (dev.pers.iwarp_closing && dev.caps.err_post != ErrPostPolicy::kStrand) {
+        throw Error(verb, EINVAL, label() + ": iWARP QP in CLOSING");
+      }
       return true;  // accepted; processed once back in RTS
     case QpState::SQE:
     case QpState::ERR:
@@ -327,7 +331,15 @@ void QpCore::post_send(const SendWr& wr) {
   w.wr = wr;
   w.seq = next_wqe_seq_++;
   w.signaled = wr.signaled || sq_sig_all;
+  const bool closing = state == QpState::SQD && dev.pers.iwarp_closing;
+  w.stranded = dev.caps.err_post == ErrPostPolicy::kStrand &&
+               (closing || state == QpState::ERR || state == QpState::SQE);
+  // libsiw rings the doorbell (a post_send of no WR) only when the previous SQE is free, and
+  // siw_post_send answers it -ENOTCONN in CLOSING; the SQE stays VALID either way (vm:siw,
+  // swarm seed 8: the first post in CLOSING ENOTCONN, the next ones 0).
+  const bool refused = w.stranded && closing && (sq_.empty() || !sq_.back().stranded);
   sq_.push_back(w);
+  if (refused) throw Error(verb, ENOTCONN, label() + ": iWARP QP in CLOSING (the doorbell)");
   env.record_fields(dev.host, label(), "post",
                     {{"queue", "send"},
                      {"wr_id", wr.wr_id},

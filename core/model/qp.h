@@ -32,6 +32,9 @@ struct SendWqe {
   // retransmission, never completed again (not by its ACK, an error or a flush).
   bool reported = false;
   std::optional<WcStatus> local_error;  // found at processing; completes when it is the head
+  // caps.err_post kStrand (libsiw): posted outside RTS, it sits VALID in the mapped SQ and is
+  // never run, flushed nor completed.
+  bool stranded = false;
 };
 
 class QpCore : public std::enable_shared_from_this<QpCore> {

@@ -153,6 +153,15 @@ def test_completions_a_post_in_err_on_a_stranding_provider_needs_no_flush():
     lost = (H().post(1, "recv", t=0).add("a", "qp:5", "qp_state", 1000, to="ERR", qp_num=17)
             .add("a", "qp:5", "verb", sec(2), verb="ibv_destroy_qp", qp_num=17))
     assert_invalid(completions.check(lost, siw), "wr_id 1 (recv, posted at record 0)")
+    # CLOSING (iWARP SQD) before the first post: a send there is stranded, a receive is
+    # flushed at the move to ERR (siw_rq_flush).
+    closing = (H().add("a", "qp:5", "qp_state", 0, to="SQD", qp_num=17).post(3, "send", t=10)
+               .post(4, "recv", t=10).add("a", "qp:5", "qp_state", 1000, to="ERR", qp_num=17))
+    flushed = H(closing).wc(4, "WR_FLUSH_ERR", opcode="RECV", t=1000) \
+        .add("a", "qp:5", "verb", sec(2), verb="ibv_destroy_qp", qp_num=17)
+    assert completions.check(flushed, siw).valid
+    unflushed = H(closing).add("a", "qp:5", "verb", sec(2), verb="ibv_destroy_qp", qp_num=17)
+    assert_invalid(completions.check(unflushed, siw), "wr_id 4 (recv")
 
 
 def test_completions_flush_in_time_is_valid_and_destroy_at_once_is_unknown():

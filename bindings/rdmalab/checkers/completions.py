@@ -15,10 +15,11 @@ records a wc when the CQE is made (core/model/resources.cc ModelCq::push), at on
 (schedule_flush runs after 0 ns). A device's history records a wc only when it is polled,
 so there a missing flush is unknown, never invalid.
 
-STRANDED: a WR posted to a QP already in ERR on a host whose provider strands such posts
-(caps.err_post "strand", user-space siw: finding siw-user-posts-in-error-are-never-flushed;
-Context.err_posts) is expected to get no completion: settled, neither invalid nor unknown
-(a completion that does come is still checked for being the only one).
+STRANDED: a WR posted to a QP already in ERR, or a send posted in iWARP CLOSING (SQD), on a
+host whose provider strands such posts (caps.err_post "strand", user-space siw: finding
+siw-user-posts-in-error-are-never-flushed; docs/semantics.md J; Context.err_posts) is expected
+to get no completion: settled, neither invalid nor unknown (a completion that does come is still
+checked for being the only one). A receive posted in CLOSING is flushed at the move to ERR.
 
 Unsignaled sends (signaled false): ibv_create_qp(3) sq_sig_all / ibv_post_send(3)
 IBV_SEND_SIGNALED: a WR without the flag makes no completion when it succeeds. In error the
@@ -50,24 +51,25 @@ _DESTROY_VERBS = frozenset({"ibv_destroy_qp", "ibv_destroy_srq"})
 
 
 class _Wr:
-    __slots__ = ("seq", "t", "queue", "signaled", "wr_id", "key", "done")
+    __slots__ = ("seq", "t", "queue", "signaled", "wr_id", "key", "done", "stranded")
 
     def __init__(self, seq: int, t: int, queue: str, signaled: bool, wr_id, key: tuple):
         self.seq, self.t, self.queue, self.wr_id, self.key = seq, t, queue, wr_id, key
         self.signaled = signaled or queue != "send"
         self.done = None          # the seq of what settled it
+        self.stranded = False     # posted where its provider strands it (STRANDED)
 
 
 class _Queue:
     """One QP's (or SRQ's) outstanding WRs and what it has settled."""
-    __slots__ = ("pending", "unsig", "done", "err_t", "err_seq", "dead", "srq", "rq")
+    __slots__ = ("pending", "unsig", "done", "err_t", "closing", "dead", "srq", "rq")
 
     def __init__(self, srq: bool = False):
         self.pending: dict = {}    # wr_id -> [_Wr] in posting order
         self.unsig: list = []      # outstanding unsignaled sends, in posting order
         self.done: dict = {}       # wr_id -> seq of the record that settled the last one
         self.err_t = None          # t_ns it entered ERR, while in ERR
-        self.err_seq = -1          # the record that took it there
+        self.closing = False       # in SQD on iWARP: RDMAC CLOSING
         self.dead = False          # its device died: no flush will come
         self.srq = srq
         self.rq = False            # receives were posted to it (not an SRQ's QP)
@@ -76,7 +78,7 @@ class _Queue:
 class _Check:
     def __init__(self, ctx: Context):
         self.model = bool(ctx.personality)
-        self.err_posts = ctx.err_posts
+        self.ctx, self.err_posts = ctx, ctx.err_posts
         self.res = Result(NAME)
         self.q: dict = {}            # (host, object) -> _Queue
         self.qpn: dict = {}          # (host, qp_num) -> latest QP object
@@ -122,6 +124,8 @@ class _Check:
         q = self.q.get(key) or self.new_queue(key, d.get("qp_num"))
         wr_id = d["wr_id"]
         w = _Wr(r["seq"], r["t_ns"], d["queue"], d.get("signaled", True), wr_id, key)
+        w.stranded = self.err_posts.get(key[0]) == "strand" and (
+            q.err_t is not None or (q.closing and w.queue == "send"))
         self.posted += 1
         if self.early:
             early = self.early.pop((key, wr_id), None)
@@ -220,15 +224,16 @@ class _Check:
         host, obj = r["host"], r["object"]
         if "qp_num" in d:
             self.qpn[(host, d["qp_num"])] = obj
-        q = self.q.get((host, obj))
-        if q is None:
-            return
+        # A QP's state before its first post matters too: a WR posted to a QP already in ERR
+        # (or CLOSING) is judged by it.
+        q = self.q.get((host, obj)) or self.new_queue((host, obj), d.get("qp_num"))
         to = d.get("to")
+        q.closing = to == "SQD" and self.ctx.transport(host) == "iWARP"
         if "device fatal" in str(d.get("why", "")):
             q.dead = True
         if to == "ERR":
             if q.err_t is None:
-                q.err_t, q.err_seq = r["t_ns"], r["seq"]
+                q.err_t = r["t_ns"]
             return
         if q.err_t is not None:
             self.overdue(q, r["t_ns"], r["seq"])
@@ -312,7 +317,7 @@ class _Check:
                 if not w.signaled or w.done is not None:
                     continue
                 due = max(w.t, q.err_t)
-                if w.seq > q.err_seq and self.err_posts.get(w.key[0]) == "strand":
+                if w.stranded:
                     w.done = seq  # stranded, as its provider does (STRANDED below)
                     self.stranded += 1
                     continue
