@@ -143,9 +143,37 @@ def _step(s: Optional[list]) -> str:
     return s[2] + (f" {s[3]}" if s[3] else "")
 
 
+# A step the device lab cannot do (its result "unsupported": e.g. injecting QP_REQ_ERR on
+# siw) is not a difference of the stack: the model runs the schedule again without it and the
+# comparison names it on a line of its own, never a candidate.
+UNSUPPORTED = "unsupported: "
+
+
+def unsupported_steps(device: dict) -> list[int]:
+    """The steps a device outcome says its lab could not do."""
+    return sorted(s[0] for s in device["steps"] if s[2] == "unsupported")
+
+
+def without_steps(schedule: Schedule, steps: list[int]) -> Schedule:
+    """The schedule with those steps made 0-ns waits: step numbers (and wr_ids) stay."""
+    kept = [dict(st) for st in schedule.steps]
+    for i in steps:
+        kept[i] = {"op": "wait", "ns": 0}
+    return schedule.with_steps(kept)
+
+
+def skip_steps(model: dict, device: dict, steps: list[int]) -> list[str]:
+    """Drops those steps' results from both outcomes; the lines that say so."""
+    gone = set(steps)
+    for o in (model, device):
+        o["steps"] = [s for s in o["steps"] if s[0] not in gone]
+    return [f"{UNSUPPORTED}step {i}: the device lab cannot do it; the model ran without it"
+            for i in steps]
+
+
 def candidates(diffs: list[str]) -> list[str]:
     """The differences no rule allows: what a candidate finding is made of."""
-    return [d for d in diffs if not d.startswith(TIMING)]
+    return [d for d in diffs if not d.startswith((TIMING, UNSUPPORTED))]
 
 
 def write_candidate(out: pathlib.Path, schedule: Schedule, lab: str, diffs: list[str],

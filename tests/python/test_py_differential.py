@@ -95,3 +95,23 @@ def test_a_reused_qp_number_is_told_apart_by_the_qp_label():
     out = df.outcome(h)
     assert out["c0/server"]["wc"] == {"5": "RECV:SUCCESS"}
     assert out["c2/server"]["wc"] == {"9": "SEND:SUCCESS"}
+
+
+def test_a_step_the_device_cannot_do_is_left_out_on_both_sides():
+    """vm:siw seed 4: injecting QP_REQ_ERR is unsupported on siw; the model runs the schedule
+    without that step (a 0-ns wait keeps the step numbers), and the result line is a note."""
+    from rdmalab.schedule import Schedule
+    s = Schedule.from_json({"rdmalab_schedule": 1, "seed": 4, "hosts": ["a", "b"], "steps": [
+        {"op": "connect", "conn": "c0", "client": "a", "server": "b"},
+        {"op": "async_event", "conn": "c0", "side": "server", "event": "QP_REQ_ERR"},
+        {"op": "disconnect", "conn": "c0", "side": "client"}]})
+    device = {"steps": [[0, "connect", "ok", ""], [1, "async_event", "unsupported", ""],
+                        [2, "disconnect", "ok", ""]]}
+    assert df.unsupported_steps(device) == [1]
+    t = df.without_steps(s, [1])
+    assert t.steps[1] == {"op": "wait", "ns": 0} and t.steps[2] == s.steps[2]
+    model = {"steps": [[0, "connect", "ok", ""], [1, "wait", "ok", ""],
+                       [2, "disconnect", "ok", ""]]}
+    notes = df.skip_steps(model, device, [1])
+    assert df.differences(model, device) == []
+    assert notes and df.candidates(notes) == []
