@@ -399,6 +399,10 @@ std::optional<WcStatus> QpCore::check_local_sges(const std::vector<Sge>& sges,
 void QpCore::destroy() {
   if (destroyed) return;
   auto self = shared_from_this();  // the XRCD's map may hold the last reference
+  // iWARP: a connected QP is moved to ERROR first, which ends its connection as the user's
+  // move does (siw_destroy_qp -> siw_qp_modify ERROR; c4iw_destroy_qp -> c4iw_modify_qp
+  // ERROR, not internal; vm:siw swarm seed 7: DISCONNECTED on the id whose QP went).
+  if (state == QpState::RTS && dev.iw_cm) dev.iw_cm->qp_error(this);
   destroyed = true;
   dev.qp_table.erase(qpn);      // first: the driver can no longer find it (mana_table_remove_qp)
   dev.drain_eqes_for_qpn(qpn);  // pending EQEs now find nothing and are dropped

@@ -108,6 +108,23 @@ def test_user_moving_the_qp_to_err_ends_only_an_iwarp_connection(lab):
         assert (names(client), names(server)) == before
 
 
+def test_destroying_a_connected_qp_ends_only_an_iwarp_connection(lab):
+    """ibv_destroy_qp under a connected id moves the QP to ERR first (siw_destroy_qp,
+    c4iw_destroy_qp): on iWARP that ends the connection as the user's move does, DISCONNECTED
+    on both ids, the destroyed QP's own id included. IB/RoCE: no event until the id goes.
+    Found by the differential swarm (vm:siw seed 7)."""
+    pair = CmPair(lab)
+    client, server = pair.client.conn, pair.server.conn
+    before = (names(client), names(server))
+    pair.client.qp.destroy()
+    if is_iwarp(lab):
+        client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+    else:
+        lab.run_for(ms(500))
+        assert (names(client), names(server)) == before
+
+
 @pytest.mark.requires(transport=IB_FAMILY)
 def test_every_drep_dropped(lab):
     """Seed 004: a DREQ that never gets its DREP is retried, then DREQ_ERROR: the disconnecting
