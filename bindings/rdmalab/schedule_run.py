@@ -319,9 +319,17 @@ class Runner(XrcOps):
         events = side.cm_id.events if side.cm_id is not None else []
         return events[-1].name if events else "no event"
 
+    def _each_wr(self, st: dict):
+        """A step's n WRs, a pace apart in a paced run: each post is an agent call of ms on a
+        device, where a peer's TERMINATE can come between two (vm:siw seed 8)."""
+        for k in range(st.get("n", 1)):
+            if k and self.s.pace_ns:
+                self.lab.sleep(self.s.pace_ns)
+            yield k
+
     def _op_recv(self, st: dict) -> str:
         p = self._player(st)
-        for _ in range(st.get("n", 1)):
+        for _ in self._each_wr(st):
             p.post_recv(wr_id=self._wr(st))
         return ""
 
@@ -331,7 +339,7 @@ class Runner(XrcOps):
         if opcode != "SEND":
             addr, rkey = self._side(st).remote
             kw.update(remote_addr=addr, rkey=rkey)
-        for _ in range(st.get("n", 1)):
+        for _ in self._each_wr(st):
             p.post_send(opcode=opcode, wr_id=self._wr(st), **kw)
         return ""
 

@@ -149,7 +149,7 @@ class XrcOps:
         if not self._part_live(part) or part.closed == "all":
             raise Error(f"xrc {x.name} srq {st['srq']}: its process {part.process} is "
                         f"{'dead' if part.dead else 'closed'}")
-        for _ in range(st.get("n", 1)):
+        for _ in self._each_wr(st):
             part.traffic.post_srq_recv(srq, self._wr(st), part.mr.sge(0, XRC_LEN))
         return ""
 
@@ -163,7 +163,7 @@ class XrcOps:
         if s.dead:
             raise Error(f"sender {s.name}: its process {s.process} is dead")
         srqn = self._xrc_srq(self.xrcs[s.xrc], st["srq"])[2]  # a dead SRQ's number: a case too
-        for _ in range(st.get("n", 1)):
+        for _ in self._each_wr(st):
             s.traffic.post_send(s.qp, self._wr(st), "SEND", s.mr.sge(0, XRC_LEN),
                                 remote_srqn=srqn)
         return ""
