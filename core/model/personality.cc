@@ -175,6 +175,7 @@ Personality iwarp_siw() {
   // passes the status through: DISCONNECTED status 0 (cxgb4's peer_abort: -ECONNRESET).
   p.abort_close_status = 0;
   p.iwarp_closing = true;                 // seed 000, semantics.md F
+  p.closing_flushes_rq = true;            // siw_qp_nextstate_from_rts, CLOSING: siw_rq_flush
   p.guid_base = 0x0250560000000000ull;    // (model)
   return p;
 }

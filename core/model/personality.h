@@ -65,6 +65,9 @@ struct Personality {
   // TCP RST, CLOSE(abort_close_status): cxgb4's c4iw_modify_qp, abort = 1) or a drop (the
   // socket released, a FIN, CLOSE(0): siw_qp_nextstate_from_rts, drop_conn).
   bool qp_error_aborts = false;
+  // iWARP: RTS -> CLOSING flushes the RQ at once (siw_qp_nextstate_from_rts: siw_rq_flush;
+  // vm:siw swarm seed 4: RECVs flushed by rdma_disconnect).
+  bool closing_flushes_rq = false;
   // A post_send while the port is down completes with LOC_QP_OP_ERR and the QP goes to ERR.
   bool send_port_down_loc_qp_op_err = false;
   uint64_t guid_base = 0;

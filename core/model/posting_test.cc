@@ -137,8 +137,19 @@ TEST(Posting, IwarpClosingPostsAndOutstandingWrsSendItToError) {
   for (const std::string pers : {"iwarp-cxgb4", "iwarp-siw"}) {
     Two t(pers);
     t.connect_both();
+    t.qa->post_recv(recv_wr(7, *t.a.mr));
     modify_state(*t.qa, SQD);  // empty SQ: CLOSING
     EXPECT_EQ(t.qa->state(), SQD) << pers;
+    // siw_qp_nextstate_from_rts, CLOSING: siw_rq_flush at once (vm:siw swarm seed 4); cxgb4
+    // flushes only at ERROR.
+    const auto at_closing = wait_wcs(*t.lab, *t.a.cq, 1);
+    if (pers == "iwarp-siw") {
+      ASSERT_EQ(at_closing.size(), 1u);
+      EXPECT_EQ(at_closing[0].wr_id, 7u);
+      EXPECT_EQ(at_closing[0].status, WcStatus::WR_FLUSH_ERR);
+    } else {
+      EXPECT_TRUE(at_closing.empty()) << pers;
+    }
     // libsiw: the first SEND rings the doorbell, which siw_post_send answers -ENOTCONN; the
     // next finds its SQE still VALID, rings nothing and returns 0 (vm:siw, swarm seed 8).
     EXPECT_EQ(err_of([&] { t.qa->post_send(send_wr(1, *t.a.mr)); }),

@@ -145,6 +145,9 @@ void QpCore::enter_state(QpState from, QpState to) {
       kick();
       return;
     case QpState::SQD:
+      if (from == QpState::RTS && dev.pers.iwarp_closing && dev.pers.closing_flushes_rq) {
+        flush_rq_now();
+      }
       check_sq_drained();
       return;
     case QpState::SQE:
@@ -227,6 +230,14 @@ void QpCore::flush_now() {
     RecvWr wr = std::move(rq_.front());
     rq_.pop_front();
     if (!lose(recv_cq != nullptr)) complete_recv(recv_cq, wr, WcStatus::WR_FLUSH_ERR, 0, nullptr);
+  }
+}
+
+void QpCore::flush_rq_now() {
+  while (!rq_.empty()) {
+    RecvWr wr = std::move(rq_.front());
+    rq_.pop_front();
+    complete_recv(recv_cq, wr, WcStatus::WR_FLUSH_ERR, 0, nullptr);
   }
 }
 

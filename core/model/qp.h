@@ -97,6 +97,7 @@ class QpCore : public std::enable_shared_from_this<QpCore> {
   void enter_state(QpState from, QpState to);
   void schedule_flush();
   void flush_now();
+  void flush_rq_now();  // the RQ alone (siw's move to CLOSING)
   void post_in_error();  // a WR posted in ERR or SQE: flushed or stranded (caps.err_post)
   void reset_queues();
   void check_sq_drained();
