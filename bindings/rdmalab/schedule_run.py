@@ -92,6 +92,12 @@ class Runner(XrcOps):
     def run(self) -> Outcome:
         self.lab.record("schedule_start", object="schedule", steps=len(self.s.steps),
                         seed=self.s.seed, hosts=self.s.hosts)
+        if any(st["op"] == "reboot" or (st.get("at") or {}).get("moment") == "qpn_reused"
+               for st in self.s.steps):
+            # QPNs after a reboot meet the survivors' stale connections only if every host
+            # counts them from its boot, as the model's do (a device lab reboots the hosts
+            # earlier labs used; vm:rxe seed 8: REJ(stale) on the model only).
+            self.lab.fresh_hosts(*self.s.hosts)
         self._watch_cm_messages()
         for i, step in enumerate(self.s.steps):
             if self.s.pace_ns and i:
@@ -388,6 +394,7 @@ class Runner(XrcOps):
         return ""
 
     def _op_kill(self, st: dict) -> str:
+        self._poll_all()  # what completed before: a device's CQ goes with the process
         proc = self.procs.pop((st["host"], st["process"]), None)
         if proc is None:
             return "no such process yet"
@@ -401,6 +408,7 @@ class Runner(XrcOps):
         return ""
 
     def _op_reboot(self, st: dict) -> str:
+        self._poll_all()  # what completed before: a device's CQs go with the host (rxe seed 8)
         self.lab.faults.reboot(st["host"], st["down_ns"])
         for key in [k for k in self.procs if k[0] == st["host"]]:
             self.procs.pop(key)
