@@ -256,10 +256,10 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
                 differential.differences(model_out, dev_out)
             state = "FAILED " + ", ".join(dev["signature"]) if dev["signature"] else "valid"
             real = differential.candidates(diffs)
+            timing = sum(d.startswith(differential.TIMING) for d in diffs)
             print(f"{lab} {path.name}: device {state}; model:{p} "
                   f"{'FAILED ' + ', '.join(model.signature) if model.failed else 'valid'}; "
-                  f"{len(real)} difference(s)"
-                  + (f", {len(diffs) - len(real)} timing" if len(diffs) > len(real) else ""))
+                  f"{len(real)} difference(s)" + (f", {timing} timing" if timing else ""))
             for line in diffs[:15]:
                 print(f"  {line}")
             if dev["signature"]:
