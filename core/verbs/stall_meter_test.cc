@@ -33,11 +33,15 @@ TEST(StallMeter, CountsAJumpOnceAndOnlyInsideTheWindow) {
   const StallMeter::Stall s = meter.stalls().back();
   EXPECT_GE(s.late_ns, 300 * kNsPerMs - StallMeter::kPeriodNs);
   EXPECT_LE(s.late_ns, 300 * kNsPerMs + 100 * kNsPerMs);  // the sleep's own lateness is small
-  // The stall began at the sleep's deadline, at most a period before the jump.
-  EXPECT_EQ(meter.stalled_ns(before - 50 * kNsPerMs, after), s.late_ns);
-  // A window before the stall has none of it; one holding half of it, half.
-  EXPECT_EQ(meter.stalled_ns(before - kNsPerSec, s.end_ns - s.late_ns), 0);
-  EXPECT_EQ(meter.stalled_ns(s.end_ns - s.late_ns / 2, s.end_ns + kNsPerSec), s.late_ns / 2);
+  // Stalls never overlap (the next deadline is set from the wake-up), so a window that is the
+  // stall holds exactly it and one holding half of it, half, whatever else a loaded machine
+  // (a TCG guest under ThreadSanitizer) adds around it. A window from a period before the jump
+  // holds it and no more than the window itself.
+  EXPECT_EQ(meter.stalled_ns(s.end_ns - s.late_ns, s.end_ns), s.late_ns);
+  EXPECT_EQ(meter.stalled_ns(s.end_ns - s.late_ns / 2, s.end_ns), s.late_ns / 2);
+  const TimeNs wide = meter.stalled_ns(before - 50 * kNsPerMs, after);
+  EXPECT_GE(wide, s.late_ns);
+  EXPECT_LE(wide, after - (before - 50 * kNsPerMs));
 }
 
 TEST(StallMeter, AnIdleMachineHasNoStall) {
