@@ -13,6 +13,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -240,8 +241,15 @@ def test_power_cycle_is_a_crash_and_a_rebuild(lab):
     a, b = lab.machines
     sleeper = a.popen("exec sleep 1000")
     try:
-        pids = LocalMachine().run(f"ip netns pids {a.name}").out.split()
-        assert str(sleeper.pid) in pids  # ip netns exec execs: the pid is sleep's
+        # ip netns exec execs, so the pid is sleep's, but it enters the namespace only once
+        # exec'd (the fresh clone's loaded run listed the namespace before that).
+        deadline = time.monotonic() + 10
+        while True:
+            pids = LocalMachine().run(f"ip netns pids {a.name}").out.split()
+            if str(sleeper.pid) in pids or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert str(sleeper.pid) in pids, f"sleep {sleeper.pid} not in {a.name} within 10 s"
         mac, addr = a.facts.mac, a.facts.data_address
         a.power_off()
         assert sleeper.wait(timeout=10) == -9
