@@ -910,7 +910,7 @@ class AgentProcess:
         self._agent.broken = "SIGKILLed by a kill fault"
         self._agent.lab = None
         end = time.monotonic() + 10.0
-        while "zombie" not in _proc_state(main, self.pid):
+        while not _proc_exited(main, self.pid):
             if time.monotonic() > end:
                 raise Hung(f"kill {self.name}", f"pid {self.pid} on {self._host_name} still "
                            "runs 10 s after SIGKILL")
@@ -932,15 +932,18 @@ class AgentProcess:
         return f"<AgentProcess {self.name} pid {self.pid} on {self._host_name} ({state})>"
 
 
-def _proc_state(agent: Agent, pid: int) -> str:
+def _proc_exited(agent: Agent, pid: int) -> bool:
+    """pid's threads have all gone through do_exit, so its files are closed (uverbs and ucma
+    released everything). A zombie leader is not enough: the leader of a multi-threaded
+    process turns zombie while its other threads may still be exiting, and the files close
+    with the last of them; a thread leaves the count (Threads:) only once released."""
     try:
         with agent.module("builtins").open(f"/proc/{pid}/status") as f:
-            for line in f.read().splitlines():
-                if line.startswith("State:"):
-                    return line
+            fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
     except Exception:  # no /proc entry: gone (reaped)
-        return "zombie (gone)"
-    return ""
+        return True
+    threads = fields.get("Threads")  # absent once the signal struct is gone
+    return "zombie" in fields.get("State", "") and (threads is None or threads.strip() == "1")
 
 
 class AgentLab:
@@ -978,6 +981,9 @@ class AgentLab:
         self._archived: list[dict] = []  # records of agents gone (a reboot, a kill, a loss)
         self._merged: list[dict] = []  # records from outside the agents (evidence: wire, kmsg)
         self._followed: dict[str, list[dict]] = {n: [] for n in names}  # each host's records
+        # Hosts whose agent's records were moved to the archive (a reboot under way, shutdown):
+        # not fetched again, or the follower would take them all a second time from seq 0.
+        self._sealed: set[str] = set()
         self._lost: dict[str, dict] = {}
         self._procs: list[AgentProcess] = []  # killable processes (agents of their own)
         self._shutdown_hooks: list[Callable[["AgentLab"], None]] = []
@@ -1139,16 +1145,19 @@ class AgentLab:
     def _fetch(self, name: str) -> list[dict]:
         """The host's records so far: what was followed, plus anything new from its agent."""
         agent = self._agents[name]
-        if agent.broken or agent.lab is None:
-            return self._followed[name]
+        with self._lock:
+            known = self._followed[name]
+            if agent.broken or agent.lab is None or name in self._sealed:
+                return known
         try:
-            text = agent.lab._o.history_since_jsonl(len(self._followed[name]))
+            text = agent.lab._o.history_since_jsonl(len(known))
         except Exception as e:
             if isinstance(e, (EOFError, OSError)) or agent.conn.closed:
                 self._lose(name, e)
             return self._followed[name]
         with self._lock:
-            known = self._followed[name]
+            if self._followed[name] is not known:  # archived meanwhile: taken there
+                return self._followed[name]
             # A record fetched meanwhile by another thread is not taken twice.
             known += [r for r in self._parse(text) if r["host_seq"] >= len(known)]
             return known
@@ -1256,10 +1265,11 @@ class AgentLab:
 
     def _archive_host(self, name: str) -> None:
         """Moves a host's followed records to the archive (its agent is about to go)."""
-        records = self._fetch(name)
+        self._fetch(name)
         with self._lock:
-            self._archived += records
+            self._archived += self._followed[name]
             self._followed[name] = []
+            self._sealed.add(name)
 
     def fresh_hosts(self, *names: str) -> None:
         """Reboots each of these hosts that earlier labs used, so the host is as booted: its
@@ -1291,7 +1301,9 @@ class AgentLab:
         self.pool.warm_data_path([m])
         new.new_lab(self.seed, name, self.addresses)
         self.pool.used[m.name] = 1  # this lab, on a fresh boot
-        self._agents[name] = new
+        with self._lock:
+            self._agents[name] = new
+            self._sealed.discard(name)  # the new agent's records, from its seq 0
         self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3))
 
     def write_history(self, path: Union[str, os.PathLike]) -> None:
