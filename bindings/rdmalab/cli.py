@@ -8,15 +8,18 @@ python3 -m rdmalab replay FILE --lab model:roce [--lab vm:rxe]
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
 rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl, DIR/report.txt and
 DIR/report.html (the result matrix and a ladder diagram per scenario, self-contained), and
-prints the result table. Exit status: pytest's (non-zero when anything failed).
+prints the result table. Every option, lab and inventory is checked before pytest starts
+(rdmalab.inputs); a relative inventory or test path is taken from the caller's directory.
 
 report: the result table of a run's JUnit XML, and DIR/report.html rebuilt from DIR's files.
-Exit status 1 when a result failed, 2 when an input file could not be read.
 
 findings: checks the findings registry (bindings/rdmalab/findings.toml) and prints README's
 findings tables as markdown; with --readme, rewrites the block between <!-- findings:begin -->
 and <!-- findings:end --> of that file in place instead. Exit status 2 if the registry is
-malformed (each problem named by file, line, entry and field)."""
+malformed (each problem named by file, line, entry and field).
+
+Exit status of every command: 0 passed, 1 a result failed, 2 bad input (an option, a lab or a
+file refused before anything ran, named in one line on stderr)."""
 
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import findings, report
+from . import findings, inputs, report
 from .agreement import TWIN
+from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BINDINGS_DIR = PACKAGE_DIR.parent
@@ -36,10 +40,12 @@ DEFAULT_TESTS = REPO_ROOT / "tests" / "scenarios"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="python3 -m rdmalab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=fmt, epilog=inputs.EXIT_HELP)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run scenarios and print the result table")
+    run = sub.add_parser("run", help="run scenarios and print the result table",
+                         epilog=inputs.EXIT_HELP, formatter_class=fmt)
     run.add_argument("--lab", action="append", default=None,
                      help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw", '
                           '"netns:rxe" (hosts as network namespaces), "inventory:PATH" (default '
@@ -61,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="push the metrics to this Pushgateway at the end (off by default)")
     run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
     rep = sub.add_parser("report", help="print the result table of a run and rebuild its "
-                                        "report.html")
+                                        "report.html", epilog=inputs.EXIT_HELP,
+                         formatter_class=fmt)
     rep.add_argument("junit", metavar="DIR|JUNIT",
                      help="the run's output directory, or its junit.xml")
     fnd = sub.add_parser("findings", help="check the findings registry and print README's "
-                                          "findings tables (or rewrite them: --readme)")
+                                          "findings tables (or rewrite them: --readme)",
+                         epilog=inputs.EXIT_HELP, formatter_class=fmt)
     fnd.add_argument("--readme", default=None,
                      help="rewrite the findings block of this markdown file in place")
     fnd.add_argument("--registry", default=str(findings.REGISTRY),
@@ -110,11 +118,32 @@ def usable_labs(labs: list[str]) -> list[str]:
     return out
 
 
+def check_run_args(args, cwd: str) -> None:
+    """Every value of `run` checked before pytest starts (BadInput names the first wrong one);
+    paths made absolute against the caller's directory, since pytest runs from the checkout."""
+    args.lab = inputs.labs(args.lab, cwd)
+    inputs.count(args.vm_hosts, "--vm-hosts", 1, 8)
+    inputs.count(args.seed, "--seed", 0)
+    inputs.kernel(args.kernel)
+    if args.timeout is not None:
+        inputs.duration(args.timeout, "--timeout", "seconds")
+    inputs.host_port(args.metrics_listen, "--metrics-listen")
+    args.out = inputs.out_dir(args.out, "--out", cwd)
+    args.paths = [str(Path(cwd, p).resolve()) for p in args.paths]
+    for given, path in zip(list(args.paths), args.paths):
+        if not Path(path.split("::")[0]).exists():
+            raise BadInput(f"test path {given}: no such file or directory")
+
+
+# pytest's exit statuses (pytest.ExitCode) as rdmalab's: a usage error, a collection error
+# (interrupted) or nothing selected is bad input; an internal error is a failed run.
+_PYTEST_STATUS = {0: EXIT_PASSED, 1: EXIT_FAILED, 2: EXIT_BAD_INPUT, 3: EXIT_FAILED,
+                  4: EXIT_BAD_INPUT, 5: EXIT_BAD_INPUT}
+
+
 def run(args, extra: list[str]) -> int:
+    check_run_args(args, os.getcwd())
     args.lab = usable_labs(args.lab)
-    # pytest runs from the repository root: make the caller's relative paths absolute.
-    args.out = str(Path(args.out).resolve())
-    args.paths = [str(Path(p).resolve()) for p in args.paths]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     junit = out / "junit.xml"
@@ -123,18 +152,24 @@ def run(args, extra: list[str]) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BINDINGS_DIR), env.get("PYTHONPATH"))
                                         if p)
-    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO_ROOT)
-    if not junit.exists():
-        print(f"rdmalab: pytest ended with status {rc} and wrote no {junit}", file=sys.stderr)
-        return rc or 1
+    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO_ROOT,
+                         stdin=subprocess.DEVNULL)
+    status = _PYTEST_STATUS.get(rc, EXIT_FAILED)
+    if rc == 5:
+        print("rdmalab run: no scenario selected (check the paths and -k)", file=sys.stderr)
+    if not junit.exists() or rc in (4, 5):
+        if rc not in (4, 5):
+            print(f"rdmalab run: pytest ended with status {rc} and wrote no {junit}",
+                  file=sys.stderr)
+        return status if status != EXIT_PASSED else EXIT_FAILED
     results = report.read_junit(str(junit))
     table = report.format_table(results)
     (out / "report.txt").write_text(table)
     print("\n" + table, end="")
-    if report.failed(results) and rc == 0:
-        rc = 1
+    if report.failed(results) and status == EXIT_PASSED:
+        status = EXIT_FAILED
     write_html(out, junit)
-    return rc
+    return status
 
 
 def write_html(out: Path, junit: Path) -> bool:
@@ -163,20 +198,18 @@ def report_command(args) -> int:
     try:
         results = read_results(junit)
     except ReportError as e:
-        print(f"rdmalab report: {e}", file=sys.stderr)
-        return 2
+        raise BadInput(str(e)) from None
     print(report.format_table(results), end="")
     if not write_html(out, junit):
-        return 2
-    return 1 if report.failed(results) else 0
+        return EXIT_BAD_INPUT
+    return EXIT_FAILED if report.failed(results) else EXIT_PASSED
 
 
 def findings_command(args) -> int:
     try:
         registry = findings.load(args.registry)
     except findings.FindingsError as e:
-        print(f"rdmalab findings: the registry is malformed:\n{e}", file=sys.stderr)
-        return 2
+        raise BadInput(f"the registry is malformed:\n{e}") from None
     problems = findings.check_files(registry, REPO_ROOT)
     for problem in problems:
         print(f"rdmalab findings: {problem}", file=sys.stderr)
@@ -188,9 +221,8 @@ def findings_command(args) -> int:
     try:
         text = readme.read_text()
         new = findings.replace_block(text, block, str(readme))
-    except (OSError, findings.FindingsError) as e:
-        print(f"rdmalab findings: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:
+        raise BadInput(f"--readme {readme}: cannot read: {e.strerror}") from None
     if new != text:
         readme.write_text(new)
     print(f"{readme}: findings tables {'rewritten' if new != text else 'already current'} "
@@ -202,17 +234,15 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["matrix"]:  # its own parser (rdmalab.matrix)
         from . import matrix
-        return matrix.main(argv[1:])
+        return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
     if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.swarm_cli
         from . import swarm_cli
-        return swarm_cli.main(argv[0], argv[1:])
+        return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
-    if args.command == "run":
-        return run(args, extra)
-    if args.command == "findings":
-        return findings_command(args)
-    return report_command(args)
+    commands = {"run": lambda: run(args, extra), "findings": lambda: findings_command(args),
+                "report": lambda: report_command(args)}
+    return inputs.guard(args.command, commands[args.command])

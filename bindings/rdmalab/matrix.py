@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import findings, report
+from . import findings, inputs, report
+from .inputs import BadInput
 
 KERNELS = ("bookworm", "trixie", "sid")
 DEVICES = ("rxe", "siw")
@@ -37,6 +38,7 @@ def run_one(kernel: str, device: str, out: Path, extra: list[str]) -> int:
            "--out", str(out), *extra]
     print(f"rdmalab matrix: {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)  # took_s goes there even when the run made nothing
     rc = subprocess.call(cmd)
     (out / "took_s").write_text(f"{time.monotonic() - t0:.0f}\n")
     return rc
@@ -127,7 +129,7 @@ def markdown(results: list[report.Result], registry: findings.Registry,
 
 def replace_block(text: str, block: str, where: str) -> str:
     if BEGIN not in text or END not in text:
-        raise ValueError(f"{where}: no {BEGIN} ... {END} block to rewrite")
+        raise BadInput(f"{where}: no {BEGIN} ... {END} block to rewrite")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{block}{END}{tail}"
@@ -135,7 +137,8 @@ def replace_block(text: str, block: str, where: str) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m rdmalab matrix", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=inputs.EXIT_HELP)
     ap.add_argument("--kernel", action="append", default=None,
                     help=f"repeatable (default {', '.join(KERNELS)})")
     ap.add_argument("--device", action="append", default=None, choices=DEVICES,
@@ -146,7 +149,11 @@ def main(argv: list[str]) -> int:
                     help="no runs: the table of the runs already in --out")
     ap.add_argument("extra", nargs="*", help="passed to each run (e.g. -k EXPR)")
     args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
+    for kernel in args.kernel or ():
+        inputs.kernel(kernel)
+    out = Path(inputs.out_dir(args.out))
+    if args.readme and not Path(args.readme).is_file():
+        raise BadInput(f"--readme {args.readme}: no such file")
     rc = 0
     if not args.table_only:
         for kernel in args.kernel or KERNELS:
@@ -154,6 +161,8 @@ def main(argv: list[str]) -> int:
                 rc |= run_one(kernel, device, out / f"{kernel}-{device}", args.extra) != 0
     results, took = load(out)
     if not results:
+        if args.table_only:
+            raise BadInput(f"--table-only: no junit.xml under {out}")
         print(f"rdmalab matrix: no junit.xml under {out}", file=sys.stderr)
         return 1
     table = markdown(results, findings.default(), took)

@@ -13,7 +13,9 @@ replay: one schedule on each lab. Model labs run in this process with the schedu
 device labs through pytest and the rdmalab plugin (the same lab set-up as `rdmalab run`). With
 a model lab and a device lab it prints where their outcomes differ.
 
-Exit status: 0 all valid and no divergence, 1 a failure or a divergence, 2 bad input.
+Exit status: 0 all valid and no divergence, 1 a failure or a divergence, 2 bad input (an
+option, a lab, a mutation name or the schedule file refused before anything ran; a malformed
+schedule names the step and the field).
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ import sys
 import time
 from typing import Optional
 
+from . import inputs
 from .agreement import TWIN
-from .schedule import Schedule, ScheduleError
+from .inputs import BadInput
+from .schedule import Schedule
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO = pathlib.Path(__file__).resolve().parent / "schedule_scenario.py"
@@ -37,7 +41,8 @@ PROGRESS_S = 30.0
 
 def parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python3 -m rdmalab {command}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=inputs.EXIT_HELP)
     if command == "replay":
         p.add_argument("file", help="a schedule (JSON)")
     p.add_argument("--lab", action="append", required=True,
@@ -60,16 +65,28 @@ def parser(command: str) -> argparse.ArgumentParser:
 
 def model_personalities(lab: str) -> Optional[list[str]]:
     """model -> every personality, model:a,b -> those; None for a device lab."""
-    kind, _, rest = lab.partition(":")
-    if kind != "model":
-        return None
-    from .lab import personalities
-    every = personalities()
-    chosen = rest.split(",") if rest else every
-    bad = [p for p in chosen if p not in every]
-    if bad:
-        raise ScheduleError(f"--lab {lab}: unknown personality {bad}; known: {', '.join(every)}")
-    return chosen
+    kind, names = inputs.lab_parts(lab)
+    return names if kind == "model" else None
+
+
+def check_args(command: str, args) -> None:
+    """Every value checked before anything runs (rdmalab.inputs); BadInput names the first
+    wrong one."""
+    args.lab = inputs.labs(args.lab)
+    args.mutation = inputs.mutations(args.mutation)
+    inputs.count(args.vm_hosts, "--vm-hosts", 1, 8)
+    inputs.kernel(args.kernel)
+    args.out = inputs.out_dir(args.out)
+    if command == "replay":
+        args.schedule = inputs.schedule(args.file)
+        return
+    if args.seeds is not None:
+        inputs.count(args.seeds, "--seeds", 1)
+    if args.minutes is not None:
+        inputs.duration(args.minutes, "--minutes")
+    inputs.count(args.first_seed, "--first-seed", 0)
+    inputs.count(args.steps, "--steps", 1, 500)
+    inputs.count(args.workers, "--workers", 1, 64)
 
 
 def column(lab: str) -> str:
@@ -195,12 +212,8 @@ def _fit_hosts(s: Schedule, n: int) -> Schedule:
 # ---- replay and differential -----------------------------------------------------------------
 
 def replay(args) -> int:
-    try:
-        schedule = Schedule.load(args.file)
-        labs = [(lab, model_personalities(lab)) for lab in args.lab]
-    except ScheduleError as e:
-        print(f"rdmalab replay: {e}", file=sys.stderr)
-        return 2
+    schedule = args.schedule
+    labs = [(lab, model_personalities(lab)) for lab in args.lab]
     out = pathlib.Path(args.out)
     devices = [lab for lab, pers in labs if pers is None]
     rc = 0
@@ -293,15 +306,16 @@ def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathl
     with open(log, "w") as fh:
         p = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
                            stdin=subprocess.DEVNULL)
-    tail = log.read_text(errors="replace").splitlines()[-6:]
-    print("\n".join(f"  pytest: {line}" for line in tail))
-    return 0 if p.returncode in (0, 1) else p.returncode
+    lines = log.read_text(errors="replace").splitlines()
+    if p.returncode in (4, 5):  # the plugin refused the lab before any schedule ran
+        why = [ln for ln in lines if ln.startswith("ERROR:")] or lines[-3:]
+        raise BadInput("; ".join(ln.removeprefix("ERROR: ") for ln in why) + f" (log {log})")
+    print("\n".join(f"  pytest: {line}" for line in lines[-6:]))
+    return 0 if p.returncode in (0, 1) else 1
 
 
 def main(command: str, argv: list[str]) -> int:
+    """Bad input raises (BadInput, ScheduleError): rdmalab.cli's guard prints it, exit 2."""
     args = parser(command).parse_args(argv)
-    try:
-        return swarm(args) if command == "swarm" else replay(args)
-    except ScheduleError as e:
-        print(f"rdmalab {command}: {e}", file=sys.stderr)
-        return 2
+    check_args(command, args)
+    return swarm(args) if command == "swarm" else replay(args)
