@@ -15,7 +15,16 @@ delay or at a named protocol moment. Hand-written scenarios may run one; the swa
 The step vocabulary (OPS below) and the moments (MOMENTS) are documented in README "Fault
 schedules". The runner speaks only the Lab protocol, so one schedule runs on the model, the VM
 lab and real hosts; a moment a lab cannot observe is taken at the nearest point it can, and
-the history says so (`schedule_moment` with `approx`).
+the history says so (`schedule_moment` with `approx`). A step whose moment never comes fails
+the run (`missed`) unless the step says `"may_miss": true`.
+
+Validation names the step and the field of the first thing wrong. Every name with a closed set
+of values is checked against the table the lab itself reads: cm_event `event` against the
+rdma_cm events (_core.CmEventType), cm_state `state` against the IB CM and iWARP CM states
+(rdmalab.checkers.cm_sequence), verb `verb` against VERB_MOMENTS, `personality` against the
+model's (rdmalab.lab.personalities), a rule against the fault switch's parser
+(_core.check_wire_rule); those tables are read when a schedule is validated, so importing this
+module needs none of them.
 """
 from __future__ import annotations
 
@@ -93,10 +102,53 @@ _MOMENT_REQUIRED = {"after": ("ns",), "cm_state": (_C, _S, "state"),
                     "verb": ("verb", _C, _S), "qpn_reused": (_H,)}
 TRIGGERS = ("verb", "qpn_reused")
 DEFAULT_WITHIN_NS = sec(30)
+# A `verb` moment matches its side's QP by number (Runner._arm), so it can see only the verbs
+# at whose entry the model's hook (lab.faults.on_verb) is handed a QP number: the enter(verb,
+# qpn) calls of core/model/qp.cc. Every other verb reaches the hook with qp_num 0 and would
+# never fire. (A copy of a C++ fact _core does not expose; test_py_schedule pins it to the
+# source.)
+VERB_MOMENTS = ("ibv_modify_qp", "ibv_post_send", "ibv_post_recv", "ibv_destroy_qp")
+# Bounds of a schedule's numbers: a duration (ns) at most a day of the lab's clock (the engine
+# counts time in int64 ns from the lab's start), a seed a uint64 (the model's LabOptions.seed).
+MAX_NS = sec(24 * 3600)
+MAX_SEED = 2**64 - 1
+# Step fields every op takes besides its own: the moment, and whether the run may go on
+# without it (a step whose moment never comes fails the run unless it says may_miss).
+STEP_FIELDS = ("op", "at", "may_miss")
 
 
 class ScheduleError(ValueError):
     """A malformed schedule: the message names the step and the field."""
+
+
+# The closed sets a schedule's names are checked against, each read from its one home when a
+# schedule is validated (this module stays importable as pure data).
+def cm_events() -> tuple[str, ...]:
+    """rdma_cm event names (_core.CmEventType, as rdmalab.cm.CM_EVENTS lists them): what
+    CmId.count() takes in a cm_event moment."""
+    from .cm import CM_EVENTS
+    return tuple(CM_EVENTS)
+
+
+def cm_protocol_states() -> tuple[str, ...]:
+    """The CM protocol states a cm_state moment compares CmId.protocol_state with: the IB CM's
+    (cm.c enum ib_cm_state) and the iWARP CM's (iwcm.c enum iw_cm_state), the tables of
+    rdmalab.checkers.cm_sequence (which judges the model's `cm_state` records by them)."""
+    from .checkers.cm_sequence import IB_CM_STATES, IW_CM_STATES
+    return tuple(dict.fromkeys(IB_CM_STATES + IW_CM_STATES))
+
+
+def personalities() -> list[str]:
+    """The model's personalities (rdmalab.lab.personalities)."""
+    from .lab import personalities as every
+    return every()
+
+
+def check_wire_rule(rule: dict) -> None:
+    """The fault switch's own parser (_core.check_wire_rule: what the model's add_rule and the
+    agent labs' rule() apply); ValueError naming the key."""
+    from . import _core
+    _core.check_wire_rule(json.dumps(rule))
 
 
 @dataclasses.dataclass
@@ -127,12 +179,17 @@ class Schedule:
             raise ScheduleError(f"{where}: \"hosts\": a list of distinct host names")
         if not isinstance(steps, list):
             raise ScheduleError(f"{where}: \"steps\": a list of step objects")
+        personality, meta = obj.get("personality"), obj.get("meta", {})
+        if personality is not None and not isinstance(personality, str):
+            raise ScheduleError(f"{where}: personality={personality!r}: str expected")
+        if not isinstance(meta, dict):
+            raise ScheduleError(f"{where}: meta={meta!r}: a JSON object expected")
         s = cls(hosts=list(hosts), steps=copy.deepcopy(steps),
                 seed=_int(obj.get("seed", 1), f"{where}: seed"),
-                personality=obj.get("personality"),
+                personality=personality,
                 settle_ns=_int(obj.get("settle_ns", sec(5)), f"{where}: settle_ns"),
                 pace_ns=_int(obj.get("pace_ns", 0), f"{where}: pace_ns"),
-                meta=dict(obj.get("meta") or {}))
+                meta=dict(meta))
         s.validate(where)
         return s
 
@@ -173,6 +230,7 @@ class Schedule:
 
     # -- validation
     def validate(self, where: str = "schedule") -> None:
+        self._check_head(where)
         conns: set[str] = set()
         rules: set[str] = set()
         xrcs: dict[str, dict] = {}      # xrc name -> its xrc_open step
@@ -182,10 +240,24 @@ class Schedule:
             if not isinstance(step, dict):
                 raise ScheduleError(f"{at}: a JSON object expected")
             op = step.get("op")
-            if op not in OPS:
+            if not isinstance(op, str) or op not in OPS:
                 raise ScheduleError(f"{at}: op {op!r} unknown; allowed: {', '.join(OPS)}")
-            _fields(step, OPS[op], _REQUIRED[op], f"{at} ({op})", extra=("op", "at"))
+            _fields(step, OPS[op], _REQUIRED[op], f"{at} ({op})", extra=STEP_FIELDS)
             self._check_refs(step, conns, f"{at} ({op})")
+            if "at" in step:  # before a connect's own conn exists: a moment of it never comes
+                self._check_moment(step["at"], conns, f"{at} ({op}) at")
+            if "may_miss" in step:
+                if not isinstance(step["may_miss"], bool):
+                    raise ScheduleError(f"{at} ({op}): may_miss={step['may_miss']!r}: bool "
+                                        "expected")
+                if step["may_miss"] and "at" not in step:
+                    raise ScheduleError(f"{at} ({op}): may_miss: only a step with an \"at\" "
+                                        "moment can miss it")
+            if op == "rule":
+                try:
+                    check_wire_rule(step["rule"])
+                except (ValueError, TypeError, RuntimeError) as e:  # the parser's refusal
+                    raise ScheduleError(f"{at} (rule): {e}") from None
             if op == "connect":
                 if step["conn"] in conns:
                     raise ScheduleError(f"{at} (connect): conn {step['conn']!r} made twice")
@@ -196,8 +268,21 @@ class Schedule:
                 raise ScheduleError(f"{at} (unrule): no rule named {step['name']!r} before")
             elif op.startswith("xrc_"):
                 _check_xrc(step, xrcs, senders, f"{at} ({op})")
-            if "at" in step:
-                self._check_moment(step["at"], conns, f"{at} ({op}) at")
+
+    def _check_head(self, where: str) -> None:
+        """The schedule's own fields (a Schedule made in code is checked as a file's is)."""
+        head = {"seed": self.seed, "settle_ns": self.settle_ns, "pace_ns": self.pace_ns}
+        for key, value in head.items():
+            _int(value, f"{where}: {key}")
+        _ranges(head, {"seed": (0, MAX_SEED), "settle_ns": (0, MAX_NS),
+                       "pace_ns": (0, MAX_NS)}, where)
+        if self.personality is not None:
+            known = personalities()
+            if self.personality not in known:
+                raise ScheduleError(f"{where}: personality {self.personality!r} unknown; "
+                                    f"known: {', '.join(known)}")
+        if not isinstance(self.meta, dict):
+            raise ScheduleError(f"{where}: meta: a JSON object expected")
 
     def _check_refs(self, step: dict, conns: set, at: str) -> None:
         for key in ("host", "client", "server"):
@@ -215,14 +300,13 @@ class Schedule:
             raise ScheduleError(f"{at}: opcode {step['opcode']!r}: {', '.join(OPCODES)}")
         if step.get("event", "QP_FATAL") not in ASYNC_EVENTS:
             raise ScheduleError(f"{at}: event {step['event']!r}: {', '.join(ASYNC_EVENTS)}")
-        for key in ("n", "ns", "down_ns", "driver_delay_ns", "srq"):
-            if key in step and step[key] < 0:
-                raise ScheduleError(f"{at}: {key} must be >= 0")
-        if step.get("n", 0) > 999:  # wr_ids are (step + 1) * 1000 + k (schedule_run._wr)
-            raise ScheduleError(f"{at}: n must be <= 999")
+        # wr_ids are (step + 1) * 1000 + k (schedule_run._wr): n stays below 1000
+        _ranges(step, {"n": (0, 999), "srq": (0, None), "ns": (0, MAX_NS),
+                       "down_ns": (0, MAX_NS), "driver_delay_ns": (0, MAX_NS)}, at)
 
     def _check_moment(self, at_obj: Any, conns: set, at: str) -> None:
-        if not isinstance(at_obj, dict) or at_obj.get("moment") not in MOMENTS:
+        if not isinstance(at_obj, dict) or not isinstance(at_obj.get("moment"), str) or \
+                at_obj["moment"] not in MOMENTS:
             raise ScheduleError(f"{at}: {{\"moment\": ...}} with one of "
                                 f"{', '.join(MOMENTS)}")
         m = at_obj["moment"]
@@ -235,6 +319,14 @@ class Schedule:
         if m == "cm_msg" and at_obj["msg"] not in CM_MESSAGES:
             raise ScheduleError(f"{at} cm_msg: msg {at_obj['msg']!r}: "
                                 f"{', '.join(CM_MESSAGES)}")
+        for key, table in (("event", cm_events), ("state", cm_protocol_states),
+                           ("verb", lambda: VERB_MOMENTS)):
+            if key in at_obj and at_obj[key] not in table():
+                raise ScheduleError(f"{at} {m}: {key} {at_obj[key]!r} unknown; allowed: "
+                                    f"{', '.join(table())}")
+        # cm_msg n: the nth copy of the message, counted from 1
+        _ranges(at_obj, {"ns": (0, MAX_NS), "within_ns": (0, MAX_NS), "n": (1, None)},
+                f"{at} {m}")
         for key in ("host", "src_host"):
             if key in at_obj and at_obj[key] not in self.hosts:
                 raise ScheduleError(f"{at} {m}: {key} {at_obj[key]!r} is not a schedule host")
@@ -285,6 +377,18 @@ def _check_xrc(step: dict, xrcs: dict, senders: dict, at: str) -> None:
             raise ScheduleError(f"{at}: what {step['what']!r}: {', '.join(XRC_CLOSE)}")
 
 
+def _ranges(obj: dict, bounds: dict, at: str) -> None:
+    """Each integer field of obj present in bounds within its (lowest, highest or None)."""
+    for key, (lo, hi) in bounds.items():
+        v = obj.get(key)
+        if v is None:
+            continue
+        if v < lo:
+            raise ScheduleError(f"{at}: {key} must be >= {lo}, got {v}")
+        if hi is not None and v > hi:
+            raise ScheduleError(f"{at}: {key} must be <= {hi}, got {v}")
+
+
 def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ScheduleError(f"{what}: an integer expected, got {v!r}")
@@ -315,5 +419,6 @@ def run(lab, schedule: Schedule, **kw):
     return Runner(lab, schedule, **kw).run()
 
 
-__all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError", "xrc_srqs",
-           "load", "run", "Error", "FaultNotSupported", "Hung"]
+__all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError",
+           "VERB_MOMENTS", "cm_events", "cm_protocol_states", "xrc_srqs", "load", "run", "Error",
+           "FaultNotSupported", "Hung"]

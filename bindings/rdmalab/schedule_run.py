@@ -3,12 +3,14 @@ step did in the history (`schedule_step`, `schedule_bind`, `schedule_moment`, `h
 `teardown`), tears everything down and returns an Outcome. Expected failures (a post on a dead
 QP, a connection a fault kept from forming) are step results, not exceptions; a wait that must
 end and does not (a destroy, a drain, a connection that never reaches an outcome) is `hung`
-with the lab's diagnostic dump, and the rest of the schedule is skipped.
+with the lab's diagnostic dump, and the rest of the schedule is skipped. A step whose moment
+never comes (a wait that runs out, a trigger armed and never fired) is `missed`, a failure of
+the run (Outcome.missed names it), unless the step says `"may_miss": true` (then `skipped`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from . import ms, sec
 from .errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
@@ -58,6 +60,9 @@ class Outcome:
     hung: Optional[str] = None
     history: list = dataclasses.field(default_factory=list)
     error: Optional[str] = None     # an exception the runner did not expect (a harness bug)
+    # Steps whose moment never came and that did not say may_miss, one line each:
+    # "step 4 (disconnect): moment cm_event DISCONNECTED (conn c0 server) never came within 30 s"
+    missed: list[str] = dataclasses.field(default_factory=list)
 
 
 class Runner(XrcOps):
@@ -72,6 +77,7 @@ class Runner(XrcOps):
         self.settle_ns = schedule.settle_ns if settle_ns is None else settle_ns
         self.results: list[dict] = []
         self.hung: Optional[str] = None
+        self.missed: list[str] = []
         self.conns: dict[str, Conn] = {}
         self.rules: dict[str, Any] = {}
         self.procs: dict[tuple, Any] = {}      # (host, name) -> the live process
@@ -109,18 +115,20 @@ class Runner(XrcOps):
             if moment and moment["moment"] in TRIGGERS:
                 self._arm(i, step, moment)
                 continue
-            if moment and not self._wait_moment(i, moment):
-                self._result(i, step, "skipped", detail="moment never came")
+            if moment and not self._wait_moment(i, step, moment):
                 continue
             self._step(i, step)
-        for i, step, moment in self.triggers:
-            self._result(i, step, "skipped", detail=f"moment {moment['moment']} never came")
+        for i, step, moment in self.triggers:  # armed, never fired: their moment never came
+            if self.hung:
+                self._result(i, step, "skipped", detail="after a hung wait")
+            else:
+                self._missed(i, step, moment, " before the schedule's end")
         self.triggers.clear()
         try:
             self._teardown()
         finally:
             self._release()
-        return Outcome(self.s, self.results, self.hung)
+        return Outcome(self.s, self.results, self.hung, missed=list(self.missed))
 
     def _cleanup(self, fn, *args) -> bool:
         """One teardown call. A wait past its deadline is recorded as `hung` (False: the
@@ -174,6 +182,20 @@ class Runner(XrcOps):
         self.results.append(rec)
         self.lab.record("schedule_step", object="schedule", **rec)
 
+    def _missed(self, i: int, step: dict, m: dict, when: str) -> None:
+        """A step whose moment never came: `skipped` if it says may_miss, else `missed`, a
+        failure of the run (Outcome.missed)."""
+        what = f"step {i} ({step['op']}): moment {moment_text(m)} never came{when}"
+        may = bool(step.get("may_miss"))
+        extra = {"verb": m["verb"]} if m["moment"] == "verb" else {}
+        self.lab.record("schedule_moment", object="schedule", i=i, moment=m["moment"],
+                        missed=True, may_miss=may, **extra)
+        if may:
+            self._result(i, step, "skipped", detail=f"{what} (may_miss)"[:300])
+            return
+        self.missed.append(what)
+        self._result(i, step, "missed", detail=what[:300])
+
     def _hang(self, i: int, step: dict, e: Exception) -> None:
         what = f"step {i} ({step['op']}): {getattr(e, 'what', None) or getattr(e, 'detail', '')}"
         self.hung = what
@@ -196,13 +218,18 @@ class Runner(XrcOps):
                     except FaultNotSupported:
                         self.msg_watch[key] = None
 
-    def _wait_moment(self, i: int, m: dict) -> bool:
+    def _wait_moment(self, i: int, step: dict, m: dict) -> bool:
+        """Holds the schedule until the moment comes (True), or records the step as missed
+        (or skipped, may_miss) once within_ns ran out (False)."""
         kind = m["moment"]
         within = m.get("within_ns", DEFAULT_WITHIN_NS)
         if kind == "after":
             self.lab.sleep(m["ns"])
             return True
         pred, approx = self._moment_pred(m)
+        if pred is False:  # what it names does not exist: it cannot come
+            self._missed(i, step, m, f": {approx}")
+            return False
         if pred is None:  # the lab cannot see it: take it now, and say so
             self.lab.record("schedule_moment", object="schedule", i=i, moment=kind,
                             approx=approx)
@@ -210,13 +237,14 @@ class Runner(XrcOps):
         try:
             self.lab.wait_until(pred, within, f"step {i}: moment {kind}")
         except (Hung, DeadlineExceeded):
-            self.lab.record("schedule_moment", object="schedule", i=i, moment=kind,
-                            missed=True)
+            self._missed(i, step, m, f" within {within / 1e9:g} s")
             return False
         self.lab.record("schedule_moment", object="schedule", i=i, moment=kind)
         return True
 
-    def _moment_pred(self, m: dict) -> tuple[Optional[Callable], str]:
+    def _moment_pred(self, m: dict) -> tuple[Any, str]:
+        """(predicate, ""), or (None, why) when the lab cannot see the moment (it is taken at
+        once), or (False, why) when what it names does not exist (it can never come)."""
         kind = m["moment"]
         if kind == "cm_msg":
             rule = self.msg_watch.get((m["msg"], m.get("src_host")))
@@ -224,9 +252,11 @@ class Runner(XrcOps):
                 return None, "no wire watch on this lab: taken at once"
             n = m.get("n", 1)
             return (lambda: rule.hits >= n), ""
+        if m["conn"] not in self.conns:  # its connect step did not run (missed, skipped)
+            return False, f"conn {m['conn']} was never connected (its connect step did not run)"
         side = self._side(m)
-        if side.cm_id is None:
-            return None, "the id does not exist: taken at once"
+        if side.cm_id is None:  # the connect is over: no id comes any more
+            return False, f"conn {m['conn']} has no {m['side']} cm_id (its connect failed)"
         cm_id = side.cm_id
         if kind == "cm_event":
             return (lambda: cm_id.count(m["event"]) > 0), ""
@@ -237,10 +267,16 @@ class Runner(XrcOps):
 
     def _arm(self, i: int, step: dict, m: dict) -> None:
         if m["moment"] == "verb":
-            side, verb, fired = self._side(m), m["verb"], []
+            # A conn whose connect step did not run has no QP: the trigger never fires.
+            side = self._side(m) if m["conn"] in self.conns else None
+            verb, fired = m["verb"], []
 
             def at_verb(call):
-                if fired or side.player is None and side.cm_id is None:
+                # Only while armed: once the schedule's steps are over (the trigger is then
+                # missed or skipped) a verb of the teardown must not run the step.
+                if fired or side is None or not any(t[0] == i for t in self.triggers):
+                    return
+                if side.player is None and side.cm_id is None:
                     return
                 qp = getattr(side.player, "qp", None) or getattr(side.cm_id, "qp", None)
                 if qp is None or call.qp_num != qp.qp_num or call.host != side.host:
@@ -612,6 +648,26 @@ class Runner(XrcOps):
             self.lab.record("teardown", object="lab", objects=objects)
         except HostLost:
             raise
+
+
+def moment_text(m: dict) -> str:
+    """A moment as the failure names it: "cm_event DISCONNECTED (conn c0 server)"."""
+    kind = m["moment"]
+    where = f" (conn {m['conn']} {m['side']})" if "conn" in m else ""
+    if kind == "after":
+        return f"after {m['ns']} ns"
+    if kind == "cm_state":
+        return f"cm_state {m['state']}{where}"
+    if kind == "cm_event":
+        return f"cm_event {m['event']}{where}"
+    if kind == "cm_msg":
+        src = f" from {m['src_host']}" if m.get("src_host") else ""
+        return f"cm_msg {m['msg']} #{m.get('n', 1)}{src}"
+    if kind == "verb":
+        return f"verb {m['verb']}{where}"
+    if kind == "qpn_reused":
+        return f"qpn_reused (host {m['host']})"
+    return kind
 
 
 def _protocol_state(cm_id) -> str:

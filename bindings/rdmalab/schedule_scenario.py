@@ -1,8 +1,10 @@
 """The scenario `rdmalab replay` and `rdmalab swarm --lab <device>` run through pytest: each
 schedule listed in $RDMALAB_SCHEDULES on the lab the plugin gives, its checked outcome and
 history written to $RDMALAB_SCHEDULE_OUT/<lab>/<schedule>.json. The test fails when a checker
-says invalid (the device broke a rule the checkers state), not when it differs from the model:
-that comparison is the CLI's, after the run.
+says invalid (the device broke a rule the checkers state), when a wait hung (`bounded`), or when
+a step's moment never came and the step did not say may_miss (`missed_moment`, naming the step
+and the moment), not when it differs from the model: that comparison is the CLI's, after the
+run.
 """
 from __future__ import annotations
 

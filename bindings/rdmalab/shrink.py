@@ -2,6 +2,12 @@
 away while the schedule still fails the same way (the same checkers say invalid), then make
 what is left simpler (counts to 1, moments dropped, rule rates to 1). A connection goes with
 every step that names it. The result is the smallest schedule found, not a minimum.
+
+A step whose moment never comes fails the run (`missed_moment`) unless it says may_miss; a
+step taken away can take with it the reason another step's moment had to come. So a schedule
+the swarm drew (its meta has the swarm's "knobs") gets its may_miss marks anew for each
+candidate (rdmalab.swarm.mark_may_miss), and a moment missed only because a cut took its
+cause away is no failure of the candidate. A hand-written schedule's marks stay as written.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ def shrink(schedule: Schedule, fails: Fails, max_runs: int = 600,
             s.validate()
         except ScheduleError:
             return None
+        s = remark(s)
         for k in range(reseed):
             if runs[0] >= max_runs:
                 return None
@@ -47,6 +54,14 @@ def shrink(schedule: Schedule, fails: Fails, max_runs: int = 600,
             if smaller is not None:
                 best, progress = smaller, True
     return best, runs[0]
+
+
+def remark(s: Schedule) -> Schedule:
+    """A drawn schedule with its may_miss marks made anew for its steps (see above)."""
+    if "knobs" not in s.meta:
+        return s
+    from .swarm import mark_may_miss
+    return s.with_steps(mark_may_miss(s.steps, s.personality))
 
 
 def _drop_conns(s: Schedule, still) -> Schedule | None:
@@ -103,8 +118,8 @@ def _one(step: dict):
 
 
 def _no_moment(step: dict):
-    if "at" in step:
-        return {k: v for k, v in step.items() if k != "at"}
+    if "at" in step:  # may_miss goes with it: a step without a moment cannot miss one
+        return {k: v for k, v in step.items() if k not in ("at", "may_miss")}
     return None
 
 

@@ -66,8 +66,104 @@ def draw(seed: int, personality: str = "roce", steps: int = 30) -> Schedule:
     if personality in XRC_PERSONALITIES and xr.random() < 0.5:
         steps = _splice(xr, steps, _xrc_steps(xr, hosts))
         meta["xrc"] = True
-    return Schedule(hosts=hosts, steps=steps, seed=seed, personality=personality,
-                    settle_ns=sec(5), meta=meta)
+    return Schedule(hosts=hosts, steps=mark_may_miss(steps, personality), seed=seed,
+                    personality=personality, settle_ns=sec(5), meta=meta)
+
+
+# ---- moments that may never come --------------------------------------------------------------
+# A step whose moment never comes fails the run unless it says "may_miss": true. A drawn
+# moment is left unmarked only where the steps before it make it certain on the model; every
+# other one is marked. Certain needs a quiet run so far: no wire rule, kill, reboot or port
+# fault before the step (each can keep a connection from forming or a message from going out),
+# so every connect so far has established. Then:
+#   after       always comes;
+#   verb        ibv_destroy_qp on a side still live, when a later destroy of that side (with
+#               no moment of its own) comes before any disruptive step: that destroy enters the
+#               verb on the side's QP;
+#   cm_msg      REQ or REP #1 (its conn's connect sent them), DREQ #1 when its conn was ended
+#               before by a disconnect, or a destroy of a side not holding acks, of a live side
+#               (the first such step sends a DREQ), on a personality whose CM speaks IB CM MADs
+#               (the iWARP CM's messages are TCP and MPA: the watch never matches);
+#   cm_state    never certain: the state a disconnect passes through may be gone before the
+#               wait begins, or belong to the other transport's CM (CLOSING is iWARP's);
+#   cm_event, qpn_reused   not drawn; marked.
+# Only the moment's own connection counts as a source, so a device lab's copy, which drops the
+# steps on hosts it does not have with every step of their connections (swarm_cli._fit_hosts),
+# keeps each unmarked moment's reason. The shrinker marks a drawn schedule's candidates anew.
+_DISRUPTIVE = ("rule", "kill", "reboot", "port_down")
+_IB_CM: dict[str, bool] = {}
+
+
+def speaks_ib_cm(personality: Optional[str]) -> bool:
+    """Whether the personality's CM messages are IB CM MADs (IB, RoCE) that a cm_msg moment's
+    watch rule counts; False for iWARP (and for a name the model does not know)."""
+    p = personality or "roce"
+    if p not in _IB_CM:
+        from .lab import model_lab, personalities
+        if p not in personalities():
+            _IB_CM[p] = False
+        else:
+            with model_lab(seed=1, hosts=("a",), personality=p) as lab:
+                _IB_CM[p] = lab.host("a").caps().transport in ("IB", "RoCE")
+    return _IB_CM[p]
+
+
+def mark_may_miss(steps: list[dict], personality: Optional[str]) -> list[dict]:
+    """The steps, each with a moment that may never come marked "may_miss": true (and the
+    mark taken off those that must come): see above."""
+    ib_cm = speaks_ib_cm(personality)
+    out: list[dict] = []
+    quiet = True
+    live: set[tuple] = set()       # (conn, side) established and not yet destroyed or dead
+    holding: set[tuple] = set()    # (conn, side) holding its acks
+    ended: set[str] = set()        # conns a disconnect or destroy has ended
+    dreq: set[str] = set()         # conns whose ending step certainly sent a DREQ
+    for i, st in enumerate(steps):
+        st = {k: v for k, v in st.items() if k != "may_miss"}
+        m = st.get("at")
+        if m and m["moment"] != "after" and not (
+                quiet and _certain(m, st, i, steps, live, dreq, ib_cm)):
+            st["may_miss"] = True
+        out.append(st)
+        op, certain = st["op"], not st.get("may_miss")
+        key = (st.get("conn"), st.get("side"))
+        if op in _DISRUPTIVE:
+            quiet = False
+        elif op == "connect":
+            live |= {(st["conn"], "client"), (st["conn"], "server")}
+        elif op in ("disconnect", "destroy") and key in live:
+            if key[0] not in ended:
+                ended.add(key[0])
+                if certain and (op == "disconnect" or key not in holding):
+                    dreq.add(key[0])
+            if op == "destroy":
+                live.discard(key)
+        elif op == "hold_acks":
+            holding.add(key)
+        elif op == "release_acks":
+            holding.discard(key)
+    return out
+
+
+def _certain(m: dict, st: dict, i: int, steps: list[dict], live: set, dreq: set,
+             ib_cm: bool) -> bool:
+    kind = m["moment"]
+    if kind == "cm_msg":
+        if not ib_cm or m.get("src_host") or m.get("n", 1) != 1 or "conn" not in st:
+            return False
+        return m["msg"] in ("REQ", "REP") or (m["msg"] == "DREQ" and st["conn"] in dreq)
+    if kind == "verb":
+        key = (m["conn"], m["side"])
+        if m["verb"] != "ibv_destroy_qp" or key not in live:
+            return False
+        for later in steps[i + 1:]:
+            if later["op"] in _DISRUPTIVE:
+                return False
+            if (later["op"] == "destroy" and (later["conn"], later["side"]) == key and
+                    later.get("at", {"moment": "after"})["moment"] == "after"):
+                return True
+        return False
+    return False
 
 
 # ---- XRC (seed 003) ---------------------------------------------------------------------------
@@ -280,13 +376,19 @@ class _Gen:
 
 # ---- running seeds ---------------------------------------------------------------------------
 
+# The signature of a run in which a step's moment never came (Outcome.missed) and the step
+# did not say may_miss.
+MISSED = "missed_moment"
+
+
 @dataclasses.dataclass
 class SeedResult:
     seed: int
     personality: str
     steps: int
     failed: bool
-    signature: tuple[str, ...]     # the checkers that said invalid, "hung", "error"
+    signature: tuple[str, ...]     # the checkers that said invalid, "bounded" (hung),
+                                   # "missed_moment", "error", "runaway"
     problems: list[str]
     records: int = 0
     history: Optional[list] = None
@@ -324,6 +426,9 @@ def check_run(lab, schedule: Schedule, personality: str, keep_history: bool = Fa
     if outcome.hung and "bounded" not in sig:
         sig.append("bounded")
         problems.append(f"bounded: {outcome.hung}")
+    if outcome.missed:  # a step's moment never came and the step did not say may_miss
+        sig.append(MISSED)
+        problems += [f"{MISSED}: {m}" for m in outcome.missed]
     return SeedResult(schedule.seed, personality, len(schedule.steps), bool(sig),
                       tuple(sorted(set(sig))), problems, len(history),
                       history if keep_history else None, outcome.results)
