@@ -30,13 +30,32 @@ _HOST_KEYS = ("name", "ssh", "device", "port", "gid_index", "netdev", "data_addr
 _SSH_KEYS = ("user", "address", "port", "identity", "host_key_alias")
 _POWER_KEYS = ("on", "off", "cycle")
 _WIRE_KEYS = ("via", "switch", "bridge")
-_SECRET_KEYS = ("password", "passwd", "passphrase", "pass")
+# The rule of rdmalab.inputs.is_secret_name, the one README states (lab/ imports nothing of the
+# engine's package, so it is repeated here; tests/python/test_py_secrets.py checks both agree).
+_SECRET_WORDS = ("password", "passwd", "passphrase", "secret", "token")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")   # safe in ssh_config, lock files
 _MAC_RE = re.compile(r"([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}\Z")
 
 
 class InventoryError(ValueError):
     """A malformed inventory: `file:line: where: field f: what is wrong`."""
+
+
+def is_secret_name(name: str) -> bool:
+    """A field whose name says it holds a secret (password, passwd, passphrase, pass, secret,
+    token, and names holding one of them): refused, its value never shown."""
+    low = str(name).lower()
+    return low == "pass" or any(w in low for w in _SECRET_WORDS)
+
+
+class _Withheld:
+    """What a secret-named value becomes the moment the file is parsed."""
+
+    def __repr__(self) -> str:
+        return "<withheld>"
+
+
+WITHHELD = _Withheld()
 
 
 @dataclasses.dataclass
@@ -212,8 +231,8 @@ def _show(v: Any) -> str:
 
 
 class _Loader:
-    def __init__(self, path: pathlib.Path, text: str):
-        self.path, self.lines = path, _Lines(text)
+    def __init__(self, path: pathlib.Path, lines: _Lines):
+        self.path, self.lines = path, lines
         self.base = path.resolve().parent
 
     def fail(self, line: int, where: str, msg: str) -> InventoryError:
@@ -262,32 +281,19 @@ class _Loader:
         return v
 
     def local_path(self, where, field: tuple[str, ...], value: str, must_exist: bool) -> str:
+        if "\0" in value:
+            raise self.err(where, field, f"expected a path, got {_show(value)}")
         p = pathlib.Path(os.path.expanduser(value))
         p = p if p.is_absolute() else self.base / p
-        if must_exist and not p.is_file():
+        try:
+            there = p.is_file()
+        except OSError as e:  # a name too long, a loop of links: no such file either
+            raise self.err(where, field, f"file {_show(str(p))}: {e.strerror}") from None
+        if must_exist and not there:
             raise self.err(where, field, f"file {p} does not exist")
         return str(p)
 
-    def refuse_secrets(self, d: Mapping, trail: str = "", label: str = "") -> None:
-        """No secret in an inventory, ever: identity files or an SSH agent instead."""
-        for k, v in d.items():
-            low = k.lower()
-            if low in _SECRET_KEYS or "password" in low or "passphrase" in low:
-                raise self.fail(self.lines.word(k), label,
-                                f"field {trail}{k}: passwords are refused in an inventory; "
-                                "log in with an identity file (ssh.identity) or an SSH agent")
-            if isinstance(v, dict):
-                self.refuse_secrets(v, f"{trail}{k}." if trail or label else "",
-                                    label or f"[{k}]: ")
-            elif isinstance(v, list):
-                for n, item in enumerate(v):
-                    if isinstance(item, dict):
-                        name = item.get("name")
-                        self.refuse_secrets(item, "", f"{k} {json.dumps(name)}: "
-                                            if isinstance(name, str) else f"{k} #{n + 1}: ")
-
     def load(self, data: dict) -> Inventory:
-        self.refuse_secrets(data)
         top = ("", None, "")
         self.keys(top, (), data, _TOP_KEYS)
         for t in ("switch", "host"):
@@ -441,12 +447,25 @@ class _Loader:
 
 
 def load(path: str | os.PathLike) -> Inventory:
-    """Reads and checks an inventory; InventoryError names the file, line and field."""
+    """Reads and checks an inventory; InventoryError names the file, line and field, never a
+    secret's value (nor does any local of a frame the error passes through)."""
     p = pathlib.Path(path)
+    data, lines, problem = _read(p)
+    if problem is not None:
+        raise InventoryError(problem)      # outside any except: nothing chained to it
+    return _Loader(p, lines).load(data)
+
+
+def _read(p: pathlib.Path) -> tuple[Optional[dict], Optional[_Lines], Optional[str]]:
+    """(data, lines, None), or (None, None, why the file is refused). The file's text lives in
+    this frame only, and every secret-named value is replaced by WITHHELD as soon as it is
+    parsed: a file with a secret is refused from here, so no later frame, no message and no
+    traceback's locals ever hold the value."""
     try:
         text = p.read_text()
     except OSError as e:
-        raise InventoryError(f"{p}: cannot read the inventory: {e.strerror}") from None
+        return None, None, f"{p}: cannot read the inventory: {e.strerror}"
+    problem = None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -454,8 +473,54 @@ def load(path: str | os.PathLike) -> Inventory:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
         where = f"{p}:{m.group(1)}:{m.group(2)}" if m else str(p)
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e)) if m else str(e)
-        raise InventoryError(f"{where}: TOML syntax: {msg}") from None
-    return _Loader(p, text).load(data)
+        problem = f"{where}: TOML syntax: {msg}"
+    if problem is not None:
+        return None, None, problem
+    found = _withhold(data, ())
+    lines = _Lines(text)
+    del text
+    if found:
+        return None, None, _refuse_secret(p, lines, data, found[0])
+    return data, lines, None
+
+
+def _withhold(value: Any, trail: tuple) -> list[tuple]:
+    """Replaces, in place, every value whose key is secret-named by WITHHELD; the key paths
+    (keys and array indexes) in file order."""
+    found: list[tuple] = []
+    if isinstance(value, dict):
+        for k in list(value):
+            if is_secret_name(k):
+                value[k] = WITHHELD
+                found.append(trail + (k,))
+            else:
+                found += _withhold(value[k], trail + (k,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _withhold(item, trail + (i,))
+    return found
+
+
+def _refuse_secret(p: pathlib.Path, lines: _Lines, data: dict, path: tuple) -> str:
+    """`file:line: host "x": field ssh.password: ...` for the secret at path (no value)."""
+    head = path[0]
+    if head in ("host", "switch") and len(path) > 2 and isinstance(path[1], int):
+        item = data[head][path[1]]
+        name = item.get("name") if isinstance(item, dict) else None
+        label = f"{head} {json.dumps(name)}" if isinstance(name, str) \
+            else f"{head} #{path[1] + 1}"
+        table, index, field = head, path[1], path[2:]
+    elif head == "lab" and len(path) > 1:
+        label, table, index, field = "[lab]", "lab", None, path[1:]
+    else:
+        label, table, index, field = "", "", None, path
+    keys = tuple(str(k) for k in field if not isinstance(k, int))
+    line = lines.find(table, index, keys) if table else lines.word(keys[-1])
+    return (f"{p}:{line}: {label + ': ' if label else ''}field {'.'.join(keys)}: secrets are "
+            "refused in an inventory, and never shown (a field named like a password, "
+            "passphrase, secret or token); log in with an identity file (ssh.identity) or "
+            "an SSH agent, and give a power command its password through the environment "
+            "(ipmitool -E)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
-from typing import Optional
+from typing import Iterable, Optional
 
 from .inventory import DEFAULT_AGENT_DIR, HostEntry
 from .machine import (HostFacts, MachineError, MachineUnreachable, PowerNotSupported, Result,
@@ -312,3 +313,46 @@ class SshMachine:
             return self.run("true", timeout=CONNECT_TIMEOUT_S + 2).rc == 0
         except MachineError:
             return False
+
+
+def unreachable(machines: Iterable[SshMachine], deadline_s: float = 30.0
+                ) -> list[tuple[SshMachine, str]]:
+    """Each machine reached once over ssh (`true`), all at once, the whole within deadline_s:
+    the ones that could not be, in their order, each with why (ssh's own words: no route,
+    refused, host key unknown or changed, login refused; or no answer in time)."""
+    machines = list(machines)
+    why: dict[int, Optional[str]] = {}
+    per_host = max(1.0, deadline_s)  # ssh's ConnectTimeout bounds the connection itself
+
+    def probe(i: int, m: SshMachine) -> None:
+        try:
+            r = m.run("true", timeout=per_host)
+        except MachineError as e:
+            why[i] = str(e)
+            return
+        except Exception as e:  # noqa: BLE001 - whatever it is, the host was not reached
+            why[i] = f"{type(e).__name__}: {e}"
+            return
+        if r.timed_out:
+            why[i] = f"{m.target}: no answer within {per_host:g} s (ssh `true`)"
+        elif r.rc != 0:
+            why[i] = (f"{m.target}: `true` over ssh exited with status {r.rc}: "
+                      f"{r.err.strip()[-300:]}")
+        else:
+            why[i] = None
+
+    threads = [threading.Thread(target=probe, args=(i, m), daemon=True,
+                                name=f"rdmalab-probe-{m.name}")
+               for i, m in enumerate(machines)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    out = []
+    for i, (m, t) in enumerate(zip(machines, threads)):
+        if t.is_alive() or i not in why:
+            out.append((m, f"{m.target}: no answer within {deadline_s:g} s"))
+        elif why[i]:
+            out.append((m, why[i]))
+    return out

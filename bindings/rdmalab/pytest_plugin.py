@@ -7,6 +7,9 @@ Options:
                        "vm" / "vm:rxe" / "vm:siw" / "vm:rxe,siw": the soft-RoCE VM lab;
                        "netns:rxe": hosts as network namespaces on one kernel (lab/netns.py);
                        "inventory:PATH": the machines of a TOML inventory; repeatable (--lab model:roce --lab vm:rxe: both, side by side)
+                       Checked by rdmalab.inputs; an inventory is read and every host of it
+                       reached once over ssh before any scenario: a bad --lab, file or host
+                       is one usage error (exit status 4), never an error per scenario
   --vm-hosts N         hosts of the VM or netns lab (default 2)
   --kernel K           the guests' kernel: bookworm (default), trixie, sid or a Debian release
   --seed N             seed of every lab (default 1); failures print how to replay
@@ -51,10 +54,10 @@ from typing import Optional
 
 import pytest
 
-from . import _core, agreement, findings, metrics_pytest, report
+from . import _core, agreement, findings, inputs, metrics_pytest, report
 from .report import history_name  # noqa: F401 (also imported from here)
 from .errors import FaultNotSupported, WallClockTimeout, raise_parked
-from .lab import Lab, model_lab, personalities
+from .lab import Lab, model_lab
 from .names import parse
 from .verbs import DeviceCaps
 
@@ -130,14 +133,8 @@ class ModelKind:
         return personality
 
     @staticmethod
-    def parse(text: str, names: str) -> list[LabSpec]:
-        known = personalities()
-        wanted = [n.strip() for n in names.split(",") if n.strip()] if names else known
-        unknown = [n for n in wanted if n not in known]
-        if unknown:
-            raise pytest.UsageError(f"--lab {text!r}: unknown personality {', '.join(unknown)};"
-                                    f" model personalities: {', '.join(known)}")
-        return [LabSpec("model", n) for n in wanted]
+    def parse(text: str, names: list[str]) -> list[LabSpec]:
+        return [LabSpec("model", n) for n in names]
 
     @staticmethod
     def build(spec: LabSpec, seed: int, hosts, **options) -> Lab:
@@ -165,16 +162,6 @@ class AgentKind:
         return agent_pool(spec).lab(seed, list(hosts), **options)
 
 
-def _soft_devices(text: str, names: str, lab: str) -> list[str]:
-    """The devices of "vm:rxe,siw" / "netns:rxe" (default rxe); an unknown one is refused."""
-    wanted = [n.strip() for n in names.split(",") if n.strip()] if names else ["rxe"]
-    unknown = [n for n in wanted if n not in VM_DEVICES]
-    if unknown:
-        raise pytest.UsageError(f"--lab {text!r}: unknown {lab} device {', '.join(unknown)}; "
-                                f"{lab} devices: {', '.join(VM_DEVICES)}")
-    return wanted
-
-
 class VmKind(AgentKind):
     """--lab vm[:rxe,siw]: the qemu VM lab, one column per device."""
 
@@ -187,13 +174,12 @@ class VmKind(AgentKind):
         return device
 
     @staticmethod
-    def parse(text: str, names: str) -> list[LabSpec]:
-        wanted = _soft_devices(text, names, "VM lab")
+    def parse(text: str, names: list[str]) -> list[LabSpec]:
         from .agentlab import qemu_unavailable
         why = qemu_unavailable()
         if why:
             raise pytest.UsageError(f"--lab {text!r}: the VM lab cannot run here: {why}")
-        return [LabSpec("vm", n) for n in wanted]
+        return [LabSpec("vm", n) for n in names]
 
 
 class NetnsKind(AgentKind):
@@ -209,8 +195,8 @@ class NetnsKind(AgentKind):
         return device
 
     @staticmethod
-    def parse(text: str, names: str) -> list[LabSpec]:
-        return [LabSpec("netns", n) for n in _soft_devices(text, names, "netns lab")]
+    def parse(text: str, names: list[str]) -> list[LabSpec]:
+        return [LabSpec("netns", n) for n in names]
 
 
 class InventoryKind(AgentKind):
@@ -225,17 +211,13 @@ class InventoryKind(AgentKind):
         return os.path.splitext(os.path.basename(path))[0]
 
     @staticmethod
-    def parse(text: str, path: str) -> list[LabSpec]:
-        if not path:
-            raise pytest.UsageError(f"--lab {text!r}: give the inventory file: inventory:PATH")
-        path = os.path.abspath(path)
-        if not os.path.isfile(path):
-            raise pytest.UsageError(f"--lab {text!r}: no inventory file {path}")
-        return [LabSpec("inventory", path)]
+    def parse(text: str, names: list[str]) -> list[LabSpec]:
+        return [LabSpec("inventory", names[0])]  # an absolute path to a file (inputs)
 
 
 LAB_KINDS = {"model": ModelKind, "vm": VmKind, "netns": NetnsKind, "inventory": InventoryKind}
-VM_DEVICES = ("rxe", "siw")
+VM_DEVICES = inputs.SOFT_DEVICES
+PROBE_DEADLINE_S = 30.0  # reaching every inventory host once at the session's start
 _POOLS: dict = {}
 _VM_HOSTS = [2]
 
@@ -273,12 +255,40 @@ def parse_lab_options(texts) -> list[LabSpec]:
 def parse_lab_option(text: str) -> list[LabSpec]:
     """"model" -> every model personality; "model:ib,roce" -> those; "vm" = "vm:rxe";
     "vm:rxe,siw" -> the VM lab with each device; "netns:rxe" -> the netns lab;
-    "inventory:PATH" -> the inventory's hosts."""
-    kind, _, rest = text.partition(":")
-    if kind not in LAB_KINDS:
-        raise pytest.UsageError(f"--lab {text!r}: unknown lab {kind!r}; available: "
-                                f"{', '.join(LAB_KINDS)}")
-    return LAB_KINDS[kind].parse(text, rest)
+    "inventory:PATH" -> the inventory's hosts. The text is checked by rdmalab.inputs (the
+    one place labs are validated; a colon with nothing after it is refused); its BadInput is
+    a pytest.UsageError. The inventory's content is checked by check_inventories."""
+    try:
+        kind, names = inputs.lab_parts(text)
+    except inputs.BadInput as e:
+        raise pytest.UsageError(str(e)) from None
+    return LAB_KINDS[kind].parse(text, names)
+
+
+def check_inventories(specs: list[LabSpec], deadline_s: float = PROBE_DEADLINE_S) -> None:
+    """Before any scenario: each inventory read and checked (rdmalab.inputs), and each of its
+    hosts reached once over ssh, all at once, within deadline_s. A malformed file, or hosts
+    that cannot be reached (no route, refused, unknown or changed host key, login refused, no
+    answer), is one pytest.UsageError naming the file, line and field, or each host and why;
+    never an error per scenario. A pytest-xdist worker does not probe again."""
+    for spec in specs:
+        if spec.backend != "inventory":
+            continue
+        try:
+            inv = inputs.inventory(spec.personality)
+        except inputs.BadInput as e:
+            raise pytest.UsageError(str(e)) from None
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            continue
+        from lab.sshmachine import unreachable
+        problems = unreachable(inv.machines(), deadline_s)
+        if problems:
+            raise pytest.UsageError(
+                f"--lab {spec.option}: {len(problems)} of the inventory's {len(inv.hosts)} "
+                f"hosts cannot be reached over ssh (each tried once, {deadline_s:g} s "
+                "deadline); fix them or take them out of the inventory:\n"
+                + "\n".join(f"  {inv.path}:{m.entry.line}: host \"{m.name}\": {why}"
+                            for m, why in problems))
 
 
 @dataclasses.dataclass
@@ -337,8 +347,10 @@ def pytest_configure(config):
     _VM_HOSTS[0] = config.getoption("vm_hosts")
     if _VM_HOSTS[0] < 1:
         raise pytest.UsageError(f"--vm-hosts {_VM_HOSTS[0]}: at least 1")
-    config.stash[_SETTINGS] = Settings(parse_lab_options(config.getoption("lab")),
-                                       config.getoption("seed"), config.getoption("history_dir"),
+    specs = parse_lab_options(config.getoption("lab"))
+    check_inventories(specs)
+    config.stash[_SETTINGS] = Settings(specs, config.getoption("seed"),
+                                       config.getoption("history_dir"),
                                        config.getoption("rdmalab_timeout"),
                                        evidence_dir(config))
     config.stash[_FAILURES] = []

@@ -180,16 +180,16 @@ CASES = {
     "switch without control": ('control = "/tmp/sw.ctl"\n', '', '[[switch]]',
                                ['switch "vmlab": field control: missing']),
     "password": ('netdev = "eth1"', 'netdev = "eth1"\npassword = "hunter2"', 'password',
-                 ['host "vm2": field password: passwords are refused', "identity file",
+                 ['host "vm2": field password: secrets are refused', "identity file",
                   "SSH agent"]),
     "password in ssh": ('port = 2223,', 'port = 2223, password = "x",', 'password',
-                        ['host "vm2": field ssh.password: passwords are refused']),
+                        ['host "vm2": field ssh.password: secrets are refused']),
     "passphrase in lab": ('agent_dir =', 'passphrase = "x"\nagent_dir =', 'passphrase',
-                          ["[lab]: field passphrase: passwords are refused"]),
+                          ["[lab]: field passphrase: secrets are refused"]),
     "pass in power": ('wire = { via = "nft-bridge"', 'power = { on = "x", pass = "y" }\n'
-                      'wire = { via = "nft-bridge"', 'pass =', ["field power.pass: passwords"]),
+                      'wire = { via = "nft-bridge"', 'pass =', ["field power.pass: secrets"]),
     "sudo_password": ('netdev = "eth1"', 'netdev = "eth1"\nsudo_password = "x"', 'sudo_pass',
-                      ["field sudo_password: passwords are refused"]),
+                      ["field sudo_password: secrets are refused"]),
 }
 
 
@@ -480,6 +480,38 @@ def test_unreachable(tmp_path, sshd):
         m.copy_to(__file__, "/tmp/x")
 
 
+def test_unreachable_lists_each_host_and_why_within_the_deadline(tmp_path, sshd):
+    """lab.sshmachine.unreachable: every host tried once, at once; the plugin refuses an
+    inventory with such hosts before any scenario (test_py_plugin)."""
+    from lab.sshmachine import unreachable
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    changed = tmp_path / "changed_known_hosts"
+    changed.write_text(f"testalias {keygen(tmp_path / 'otherkey')}\n")
+    mute = socket.socket()          # accepts the connection, never says a word
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    try:
+        ms = [machine(tmp_path / "ok", sshd, name="ok"),
+              machine(tmp_path / "gone", sshd, port=free_port(), name="gone"),
+              machine(tmp_path / "unknown", sshd, known_hosts=str(empty), name="unknown"),
+              machine(tmp_path / "changed", sshd, known_hosts=str(changed), alias="testalias",
+                      name="changed"),
+              machine(tmp_path / "mute", sshd, port=mute.getsockname()[1], name="mute")]
+        t0 = time.monotonic()
+        got = dict((m.name, why) for m, why in unreachable(ms, deadline_s=12.0))
+        took = time.monotonic() - t0
+    finally:
+        mute.close()
+    assert took < 16, took                         # at once, within the deadline
+    assert list(got) == ["gone", "unknown", "changed", "mute"], got
+    assert "unreachable" in got["gone"] and "Connection refused" in got["gone"]
+    assert "not in" in got["unknown"] and str(empty) in got["unknown"]
+    assert "CHANGED" in got["changed"]
+    # ssh's ConnectTimeout (10 s) covers the banner exchange, else the deadline ends it
+    assert "no answer within 12 s" in got["mute"] or "timed out" in got["mute"], got["mute"]
+
+
 def test_power(tmp_path, sshd):
     f = {k: tmp_path / k for k in ("on", "off", "cycle")}
     m = machine(tmp_path, sshd, power={k: f"touch {v}" for k, v in f.items()})
@@ -664,3 +696,12 @@ def test_health_check_without_python(tmp_path):
     m = LocalMachine(HostFacts("mlx5_0"), str(tmp_path))     # no python3 on PATH
     problems = hostcheck.health_check(m)
     assert len(problems) == 1 and "could not run" in problems[0] and "python3" in problems[0]
+
+
+def test_a_path_too_long_for_the_filesystem_is_refused_by_field(invdir):
+    """Found by tests/swarm/test_input_fuzz.py: an identity path longer than NAME_MAX was an
+    OSError traceback out of pathlib, not a refusal naming the field."""
+    text = BASE.replace('identity = "id_ed25519", host_key_alias', 'identity = "' + "x" * 300
+                        + '", host_key_alias')
+    with pytest.raises(InventoryError, match=r"field ssh.identity: file .*File name too long"):
+        load(write(invdir, text))

@@ -1,6 +1,8 @@
 """The pytest plugin, run on small generated test files with pytester."""
 
 import re
+import shutil
+import socket
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -22,6 +24,10 @@ def test_lab_option_parsing():
         parse_lab_option("model:ibx")
     with pytest.raises(pytest.UsageError, match="unknown lab 'verbs'"):
         parse_lab_option("verbs")
+    # A colon with nothing after it names nothing: refused like `inventory:` (rdmalab.inputs).
+    for text in ("vm:", "netns:", "model:", "inventory:", "model: "):
+        with pytest.raises(pytest.UsageError, match="nothing after the colon"):
+            parse_lab_option(text)
 
 
 def test_history_name_is_a_safe_file_name():
@@ -182,3 +188,69 @@ def test_netns_lab_spec():
     assert [s.option for s in parse_lab_option("netns")] == ["netns:rxe"]
     with pytest.raises(pytest.UsageError, match="unknown netns lab device mlx5"):
         parse_lab_option("netns:mlx5")
+
+
+TWO_SCENARIOS = """
+    def test_one(lab):
+        pass
+
+    def test_two(lab):
+        pass
+"""
+
+
+def inventory_file(d, hosts: str):
+    (d / "id_test").write_text("not a real key\n")
+    (d / "known_hosts").write_text("")
+    p = d / "lab.toml"
+    p.write_text('[lab]\nknown_hosts = "known_hosts"\n' + hosts)
+    return p
+
+
+def host(name: str, port: int, extra: str = "") -> str:
+    return (f'\n[[host]]\nname = "{name}"\n'
+            f'ssh = {{ user = "root", address = "127.0.0.1", port = {port}, '
+            f'identity = "id_test" }}\ndevice = "rxe0"\nnetdev = "lo"\n{extra}'
+            f'data_address = "10.0.0.{port % 250 + 1}"\n')
+
+
+def assert_one_error_before_any_scenario(result, words):
+    """pytest stopped before collecting (usage error), with one message and no traceback of
+    the harness's own frames."""
+    out, err = result.stdout.str(), result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out + err
+    assert err.count("ERROR:") == 1, err
+    for w in words:
+        assert w in err, (w, err)
+    for bad in ("ERROR at setup", "Traceback", "pytest_plugin.py", "inventory.py",
+                "sshmachine.py", "test_one", "collected"):
+        assert bad not in out + err, (bad, out + err)
+
+
+def test_bad_inventory_is_one_error_before_any_scenario(pytester, tmp_path):
+    """--lab inventory:BAD: the file's FILE:LINE: host "h1": field ... message once, as a
+    usage error before any scenario, not an error at the setup of each."""
+    p = inventory_file(tmp_path, host("h1", 2201, 'gid_index = "one"\n') + host("h2", 2202))
+    line = p.read_text().splitlines().index('gid_index = "one"') + 1
+    result = run(pytester, TWO_SCENARIOS, "--lab", f"inventory:{p}")
+    assert_one_error_before_any_scenario(result, [
+        f'{p}:{line}: host "h1": field gid_index: expected an integer >= 0, got "one"'])
+
+
+def test_unreachable_inventory_hosts_are_one_error_before_any_scenario(pytester, tmp_path):
+    """Every inventory host is tried once at the session's start: those ssh cannot reach are
+    named, each with ssh's reason, in one usage error before any scenario."""
+    if not shutil.which("ssh"):
+        pytest.skip("openssh-client not installed")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:  # a port nobody listens on: connection refused
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    p = inventory_file(tmp_path, host("h1", ports[0]) + host("h2", ports[1]))
+    first, second = [i + 1 for i, t in enumerate(p.read_text().splitlines()) if t == "[[host]]"]
+    result = run(pytester, TWO_SCENARIOS, "--lab", f"inventory:{p}")
+    assert_one_error_before_any_scenario(result, [
+        f"--lab inventory:{p}: 2 of the inventory's 2 hosts cannot be reached",
+        f'{p}:{first}: host "h1": ', f'{p}:{second}: host "h2": ', f"port {ports[0]}",
+        f"port {ports[1]}", "Connection refused"])
