@@ -1182,14 +1182,23 @@ class AgentLab:
 
     # -- time (wall clock: devices run on their own)
     def run_for(self, duration_ns: int) -> None:
+        """Lets duration_ns of wall-clock time pass (a negative duration: Error EINVAL, as on
+        every lab)."""
+        from .errors import duration_ns as duration_of
+        duration_ns = duration_of("run_for", duration_ns)
         with progress.Waiting(f"running for {duration_ns / 1e9:.0f} s", duration_ns / 1e9):
             time.sleep(duration_ns / 1e9)
         self.check_errors()
 
-    sleep = run_for
+    def sleep(self, duration_ns: int) -> None:
+        """The controller sleeps (run_for; the error names sleep)."""
+        from .errors import duration_ns as duration_of
+        self.run_for(duration_of("sleep", duration_ns))
 
     def wait_until(self, pred: Callable[[], bool], timeout_ns: int = 10 * 10**9,
                    what: str = "condition") -> None:
+        from .errors import duration_ns as duration_of
+        timeout_ns = duration_of("wait_until", timeout_ns, "timeout_ns")
         start = self.now_ns
         end = start + timeout_ns
         with progress.Waiting(f"waiting for {what}", timeout_ns / 1e9):

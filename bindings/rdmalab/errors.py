@@ -6,6 +6,13 @@ Hung is the DeadlineExceeded of Lab.wait_until: its message is a diagnostic dump
 FaultNotSupported says a backend cannot apply a fault (errno EOPNOTSUPP). HostLost says a host
 stopped answering mid-scenario (errno EHOSTDOWN).
 
+API misuse is an Error with errno EINVAL too, naming the verb and what was wrong: an object of
+another context or host (the engine's check_owner: "pd pd:2 is of ctx:1 on host a, not of
+ctx:9 on host b"), an integer outside its C type's range (OutOfRange, which is a TypeError
+too: "cqe = 1099511627776 is outside int32 (...)"), a negative duration or timeout
+("duration_ns = -1 is negative": duration_ns() and deadline_ns() below). A value of the wrong
+type stays a TypeError.
+
 Python exceptions raised inside callbacks the engine runs (dispatcher handlers, packet and verb
 hooks, timers, wait predicates) cannot cross the engine's threads. The bindings record them in
 the lab's history (kind "python_error") and park them; raise_parked() re-raises them. The Lab
@@ -21,6 +28,8 @@ from . import _core
 
 Error = _core.Error
 DeadlineExceeded = _core.DeadlineExceeded
+# An integer outside its C type's range: an Error (EINVAL) that is also a TypeError.
+OutOfRange = _core.OutOfRange
 
 
 def _fill(exc, verb: str, err: int, detail: str):
@@ -76,6 +85,50 @@ def as_fault(fault: str, fn, *args):
         if e.errno == _errno.EOPNOTSUPP:
             raise FaultNotSupported(fault, e.detail or str(e)) from e
         raise
+
+
+INT64_MAX = 2**63 - 1  # TimeNs: the clock's end
+
+
+def out_of_range_kept(build):
+    """build (a rdmalab.requests builder) whose OutOfRange is raised as itself: the builders
+    turn every TypeError of a field into a plain TypeError ("bad value ... for timeout"), and
+    the verbs want the engine's error naming the verb and the field."""
+    def call(*args, **kw):
+        try:
+            return build(*args, **kw)
+        except TypeError as e:
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, OutOfRange):
+                raise cause from None
+            raise
+    call.__name__, call.__doc__ = build.__name__, build.__doc__
+    return call
+
+
+def duration_ns(verb: str, value, name: str = "duration_ns") -> int:
+    """value as a duration in ns for verb: an int (bool and float: TypeError), refused with
+    Error(verb, EINVAL) naming `name` when negative ("duration_ns = -1 is negative") or beyond
+    a TimeNs (int64). Every lab's sleep, run_for and wait_until, and the timeouts of the
+    verbs and stack helpers, go through it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()
+        except AttributeError:
+            raise TypeError(f"{verb}: {name} must be an int of ns, got "
+                            f"{type(value).__name__}") from None
+    if value < 0:
+        raise make_error(verb, _errno.EINVAL, f"{name} = {value} is negative")
+    if value > INT64_MAX:
+        raise make_error(verb, _errno.EINVAL, f"{name} = {value} is outside int64 "
+                         f"(-9223372036854775808..{INT64_MAX})", OutOfRange)
+    return value
+
+
+def deadline_ns(verb: str, now_ns: int, timeout_ns, name: str = "timeout_ns") -> int:
+    """The deadline now_ns + timeout_ns, the timeout checked as duration_ns() does; one past
+    the clock's end is clamped to it (the longest wait there is)."""
+    return min(now_ns + duration_ns(verb, timeout_ns, name), INT64_MAX)
 
 
 class WallClockTimeout(Exception):

@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 from . import _core
 from .cm import CmChannel
-from .errors import Error, Hung, as_fault, raise_parked
+from .errors import Error, Hung, as_fault, deadline_ns, raise_parked
+from .errors import duration_ns as duration_ns_of
 from .faults import Faults, NoFaults
 from .names import parse, sec
 from .protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
@@ -201,14 +202,16 @@ class Lab:
         return self._faults
 
     # -- time
+    # Durations and timeouts are ns >= 0: a negative one is refused (Error EINVAL, "duration_ns
+    # = -1 is negative"), on every lab kind, before any time passes.
     def run_for(self, duration_ns: int) -> None:
         """Lets the lab run for duration_ns (the model: events and harness threads)."""
-        self._o.sleep_for(duration_ns)
+        self._o.sleep_for(duration_ns_of("run_for", duration_ns))
         raise_parked()
 
     def sleep(self, duration_ns: int) -> None:
         """The controller sleeps; other threads and events run meanwhile."""
-        self._o.sleep_for(duration_ns)
+        self._o.sleep_for(duration_ns_of("sleep", duration_ns))
         raise_parked()
 
     def wait_until(self, pred: Callable[[], bool], timeout_ns: int = sec(10),
@@ -216,7 +219,8 @@ class Lab:
         """Waits until pred() is true. pred must be cheap and side-effect free (the model
         evaluates it whenever it schedules). Raises Hung, with a diagnostic dump, at timeout."""
         start = self.now_ns
-        ok = self._o.wait_until(pred, start + timeout_ns)
+        deadline = deadline_ns("wait_until", start, timeout_ns)
+        ok = self._o.wait_until(pred, deadline)
         raise_parked()
         if not ok:
             raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what} "
@@ -317,7 +321,7 @@ class ModelLab(Lab):
         return Faults(self)
 
     def run_for(self, duration_ns: int) -> None:
-        self._o.run_for(duration_ns)
+        self._o.run_for(duration_ns_of("run_for", duration_ns))
         raise_parked()
 
     def dump_state(self) -> str:

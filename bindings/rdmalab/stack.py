@@ -8,10 +8,10 @@ from typing import Callable, Iterable, Optional
 
 from . import _core
 from . import remote as _remote
-from .errors import raise_parked
+from .errors import deadline_ns, raise_parked
 from .names import name, parse, sec
-from .requests import make_recv_wr, make_send_wr
-from .verbs import DEFAULT_DESTROY_TIMEOUT_NS, WC, AsyncEvent, Context, Cq, Qp, Srq, unwrap
+from .verbs import (DEFAULT_DESTROY_TIMEOUT_NS, WC, AsyncEvent, Context, Cq, Qp, Srq,
+                    engine_object, make_recv_wr, make_send_wr, unwrap)
 
 Endpoint = _core.Endpoint
 LedgerReport = _core.LedgerReport
@@ -111,27 +111,39 @@ class Traffic:
         self.ledger = _core.CompletionLedger(lab._o, host)
         self._o = _core.Traffic(lab._o, self.ledger, host)
 
+    # A Traffic of a host takes that host's objects only (the engine's check_owner: Error
+    # EINVAL naming the object and both hosts).
+    def _obj(self, obj, verb: str, kind: str):
+        o = unwrap(obj)
+        if _remote.is_remote(o):  # another agent's object: the same error, here
+            engine_object(o, self._o.scope, f"Traffic::{verb}", kind)
+        return o
+
     def post_send(self, qp: Qp, wr_id: int = 0, opcode="SEND", sge=None, **kw) -> int:
-        return _run(self._o.post_send, unwrap(qp), make_send_wr(wr_id, opcode, sge, **kw))
+        return _run(self._o.post_send, self._obj(qp, "post_send", "qp"),
+                    make_send_wr(wr_id, opcode, sge, **kw))
 
     def post_recv(self, qp: Qp, wr_id: int = 0, sge=None) -> int:
-        return _run(self._o.post_recv, unwrap(qp), make_recv_wr(wr_id, sge))
+        return _run(self._o.post_recv, self._obj(qp, "post_recv", "qp"), make_recv_wr(wr_id, sge))
 
     def post_srq_recv(self, srq: Srq, wr_id: int = 0, sge=None) -> int:
-        return _run(self._o.post_srq_recv, unwrap(srq), make_recv_wr(wr_id, sge))
+        return _run(self._o.post_srq_recv, self._obj(srq, "post_srq_recv", "srq"),
+                    make_recv_wr(wr_id, sge))
 
     def poll(self, cq: Cq, max: int = 32) -> list[WC]:
-        return [WC.from_core(w) for w in _run(self._o.poll, unwrap(cq), max)]
+        return [WC.from_core(w) for w in _run(self._o.poll, self._obj(cq, "poll", "cq"), max)]
 
     def wait_completions(self, cq: Cq, n: int, timeout_ns: int = sec(1)) -> bool:
         """Polls until n more completions came from cq; False at the timeout."""
-        o = self._o
-        return _run(lambda: o.wait_completions(unwrap(cq), n, self.lab.now_ns + timeout_ns))
+        o, raw = self._o, self._obj(cq, "wait_completions", "cq")
+        deadline = deadline_ns("Traffic::wait_completions", self.lab.now_ns, timeout_ns)
+        return _run(lambda: o.wait_completions(raw, n, deadline))
 
     def poll_until(self, cqs: Iterable[Cq], pred: Callable[[], bool],
                    timeout_ns: int = sec(1)) -> bool:
-        o, raw = self._o, [unwrap(c) for c in cqs]
-        return _run(lambda: o.poll_until(raw, pred, self.lab.now_ns + timeout_ns))
+        o, raw = self._o, [self._obj(c, "poll_until", "cq") for c in cqs]
+        deadline = deadline_ns("Traffic::poll_until", self.lab.now_ns, timeout_ns)
+        return _run(lambda: o.poll_until(raw, pred, deadline))
 
     def completions(self, since: int = 0) -> list[WC]:
         raw = self._o.completions_since(since) if since else self._o.completions()
@@ -165,14 +177,24 @@ class Dispatcher:
 
     def stop(self, timeout_ns: int = sec(1)) -> None:
         o = self._o
-        _run(lambda: o.stop(self.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("AsyncDispatcher::stop", self.lab.now_ns, timeout_ns)
+        _run(lambda: o.stop(deadline))
 
     @property
     def running(self) -> bool:
         return self._o.running
 
+    # Only objects of the dispatcher's context: another context's events never come here (the
+    # engine's check_owner: Error EINVAL naming the object and both contexts).
+    def _obj(self, obj, verb: str, check: bool = False):
+        o = engine_object(obj, self.ctx, verb, _kind(obj))
+        if check:  # the engine takes only the id: checked here, by the engine's rule
+            _core.check_owner(unwrap(self.ctx), o, verb, _kind(obj))
+        return o
+
     def watch(self, obj, handler: Callable[[AsyncEvent], None]) -> None:
-        self._o.watch(unwrap(obj), lambda ev: handler(AsyncEvent.from_core(ev)))
+        self._o.watch(self._obj(obj, "AsyncDispatcher::watch"),
+                      lambda ev: handler(AsyncEvent.from_core(ev)))
 
     def set_default_handler(self, handler: Callable[[AsyncEvent], None]) -> None:
         self._o.set_default_handler(lambda ev: handler(AsyncEvent.from_core(ev)))
@@ -180,24 +202,29 @@ class Dispatcher:
     def destroy(self, obj, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
         """Destroys a watched QP, SRQ or CQ after its handlers are done (seed 002 order); the
         handlers and then the backend's wait for acks (EBUSY) end at timeout_ns."""
+        raw = self._obj(obj, "destroy")  # first: another agent's object is no Qp type here
         verb = {Qp: self._o.destroy_qp, Srq: self._o.destroy_srq, Cq: self._o.destroy_cq}.get(
             type(obj))
         if verb is None:
             raise TypeError(f"destroy takes a Qp, Srq or Cq, got {type(obj).__name__}")
-        _run(lambda: verb(unwrap(obj), self.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("destroy", self.lab.now_ns, timeout_ns)
+        _run(lambda: verb(raw, deadline))
 
     def wait_event(self, obj, event_type, timeout_ns: int = sec(1), min_count: int = 1) -> bool:
+        raw = self._obj(obj, "AsyncDispatcher::wait_event", check=True)
         t = parse(_core.AsyncEventType, event_type, "async event type")
         o = self._o
-        return _run(lambda: o.wait_event(unwrap(obj).id, t, self.lab.now_ns + timeout_ns,
-                                         min_count))
+        deadline = deadline_ns("AsyncDispatcher::wait_event", self.lab.now_ns, timeout_ns)
+        return _run(lambda: o.wait_event(raw.id, t, deadline, min_count))
 
     def count_events(self, obj, event_type) -> int:
+        raw = self._obj(obj, "AsyncDispatcher::count_events", check=True)
         t = parse(_core.AsyncEventType, event_type, "async event type")
-        return self._o.count_events(unwrap(obj).id, t)
+        return self._o.count_events(raw.id, t)
 
     def events_for(self, obj) -> list[AsyncEvent]:
-        return [AsyncEvent.from_core(e) for e in self._o.events_for(unwrap(obj).id)]
+        raw = self._obj(obj, "AsyncDispatcher::events_for", check=True)
+        return [AsyncEvent.from_core(e) for e in self._o.events_for(raw.id)]
 
     def stats(self) -> _core.DispatcherStats:
         return self._o.stats()
@@ -219,11 +246,22 @@ def drain(lab, qp: Qp, traffic: Traffic, send_cq: Cq, recv_cq: Optional[Cq] = No
                           timeout_ns, dispatcher, srq)
     recv_cq = send_cq if recv_cq is None else recv_cq
     d = None if dispatcher is None else dispatcher._o
-    deadline = lab.now_ns + timeout_ns
+    deadline = deadline_ns("drain", lab.now_ns, timeout_ns)
     err_post = qp.ctx._o.caps.err_post  # the provider's answer to a post in ERR
-    return _run(_core.drain_qp, lab._o, unwrap(qp), traffic._o, unwrap(send_cq), unwrap(recv_cq),
-                deadline, d, unwrap(srq), err_post)
+    # Everything of qp's context: the engine refuses others (check_owner), and a proxy of
+    # another agent's object here.
+    where = unwrap(qp)
+    parts = [engine_object(x, where, "drain", kind) for x, kind in
+             ((send_cq, "send_cq"), (recv_cq, "recv_cq"), (srq, "srq"))]
+    return _run(_core.drain_qp, lab._o, unwrap(qp), traffic._o, parts[0], parts[1],
+                deadline, d, parts[2], err_post)
 
 
 def outcome_name(value) -> str:
     return name(value)
+
+
+def _kind(obj) -> str:
+    """The kind a verbs object's label names: "qp" for "qp:7" ("object" for anything else)."""
+    label = getattr(unwrap(obj), "label", None)
+    return str(label).split(":", 1)[0] if label is not None else "object"

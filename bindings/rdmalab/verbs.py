@@ -8,9 +8,18 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from . import _core, kernel
-from .errors import raise_parked
+from . import remote as _remote
+from . import requests as _requests
+from .errors import deadline_ns, out_of_range_kept, raise_parked
 from .names import access_flags, name, parse, sec
-from .requests import make_modify, make_qp_cap, make_recv_wr, make_send_wr, srq_attr
+
+# The request builders, an integer out of its field's range raised as the engine's OutOfRange
+# (an Error, EINVAL, naming the verb and the field).
+make_modify = out_of_range_kept(_requests.make_modify)
+make_qp_cap = out_of_range_kept(_requests.make_qp_cap)
+make_recv_wr = out_of_range_kept(_requests.make_recv_wr)
+make_send_wr = out_of_range_kept(_requests.make_send_wr)
+srq_attr = out_of_range_kept(_requests.srq_attr)
 
 DEFAULT_DESTROY_TIMEOUT_NS = sec(1)
 
@@ -18,6 +27,19 @@ DEFAULT_DESTROY_TIMEOUT_NS = sec(1)
 def unwrap(obj):
     """The _core object behind a wrapper (or obj itself)."""
     return getattr(obj, "_o", obj)
+
+
+def engine_object(obj, where, verb: str, kind: str):
+    """The _core object behind obj (None for None) for a call through `where` (a context or
+    other verbs object, its _core object, or an owner tuple (id, label, host)). The engine
+    refuses an object of another context or host itself (check_owner: Error EINVAL, "pd pd:2
+    is of ctx:1 on host a, not of ctx:9 on host b"); an object it cannot even see, a proxy of
+    another agent's object (another host of an agent lab), gets the same error here."""
+    o = unwrap(obj)
+    if o is not None and _remote.is_remote(o):
+        w = where if isinstance(where, tuple) else unwrap(where).owner
+        _core.raise_foreign_object(verb, kind, str(o.label), tuple(o.owner), tuple(w))
+    return o
 
 
 def _run(fn: Callable, *args):
@@ -202,7 +224,8 @@ class Cq(_Obj):
     def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
         """ibv_destroy_cq; waits up to timeout_ns for acks of events read (EBUSY after)."""
         o = self._o
-        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("ibv_destroy_cq", self.ctx.lab.now_ns, timeout_ns)
+        _run(lambda: o.destroy(deadline))
 
 
 class Srq(_Obj):
@@ -224,7 +247,8 @@ class Srq(_Obj):
     def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
         """ibv_destroy_srq; waits up to timeout_ns for acks of events read (EBUSY after)."""
         o = self._o
-        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("ibv_destroy_srq", self.ctx.lab.now_ns, timeout_ns)
+        _run(lambda: o.destroy(deadline))
 
 
 class Xrcd(_Obj):
@@ -280,7 +304,8 @@ class Qp(_Obj):
     def destroy(self, timeout_ns: int = DEFAULT_DESTROY_TIMEOUT_NS) -> None:
         """ibv_destroy_qp; waits up to timeout_ns for acks of events read (EBUSY after)."""
         o = self._o
-        _run(lambda: o.destroy(self.ctx.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("ibv_destroy_qp", self.ctx.lab.now_ns, timeout_ns)
+        _run(lambda: o.destroy(deadline))
 
 
 class Context(_Obj):
@@ -307,19 +332,25 @@ class Context(_Obj):
         return Pd(self, _run(self._o.alloc_pd))
 
     def reg_mr(self, pd: Pd, length: int, access="LOCAL_WRITE") -> Mr:
-        return Mr(self, _run(self._o.reg_mr, unwrap(pd), length, access_flags(access)))
+        pd = engine_object(pd, self, "ibv_reg_mr", "pd")
+        return Mr(self, _run(self._o.reg_mr, pd, length, access_flags(access)))
 
     def create_cq(self, cqe: int = 64) -> Cq:
         return Cq(self, _run(self._o.create_cq, cqe))
 
     def create_srq(self, pd: Pd, max_wr: int = 64, max_sge: int = 1, srq_limit: int = 0) -> Srq:
+        pd = engine_object(pd, self, "ibv_create_srq", "pd")
         attr = srq_attr(max_wr, max_sge, srq_limit)
-        return Srq(self, _run(self._o.create_srq, unwrap(pd), attr))
+        return Srq(self, _run(self._o.create_srq, pd, attr))
 
     def create_srq_xrc(self, pd: Pd, xrcd: Xrcd, cq: Cq, max_wr: int = 64, max_sge: int = 1,
                        srq_limit: int = 0) -> Srq:
+        verb = "ibv_create_srq_ex"
+        pd = engine_object(pd, self, verb, "pd")
+        xrcd = engine_object(xrcd, self, verb, "xrcd")
+        cq = engine_object(cq, self, verb, "cq")
         attr = srq_attr(max_wr, max_sge, srq_limit)
-        return Srq(self, _run(self._o.create_srq_xrc, unwrap(pd), unwrap(xrcd), unwrap(cq), attr))
+        return Srq(self, _run(self._o.create_srq_xrc, pd, xrcd, cq, attr))
 
     def open_xrcd(self, path: str = "", create: bool = True, excl: bool = False) -> Xrcd:
         """ibv_open_xrcd: path names the shared inode ("" = fd -1); create/excl = O_CREAT/O_EXCL."""
@@ -331,13 +362,14 @@ class Context(_Obj):
                   max_send_sge: int = 1, max_recv_sge: int = 1, max_inline_data: int = 0,
                   sq_sig_all: bool = False) -> Qp:
         """ibv_create_qp(_ex). cq= sets both send_cq and recv_cq. XRC_RECV takes xrcd only."""
+        verb = "ibv_create_qp"
         init = _core.QpInitAttr()
         init.qp_type = parse(_core.QpType, qp_type, "QP type")
-        init.pd = unwrap(pd)
-        init.send_cq = unwrap(send_cq if send_cq is not None else cq)
-        init.recv_cq = unwrap(recv_cq if recv_cq is not None else cq)
-        init.srq = unwrap(srq)
-        init.xrcd = unwrap(xrcd)
+        init.pd = engine_object(pd, self, verb, "pd")
+        init.send_cq = engine_object(send_cq if send_cq is not None else cq, self, verb, "send_cq")
+        init.recv_cq = engine_object(recv_cq if recv_cq is not None else cq, self, verb, "recv_cq")
+        init.srq = engine_object(srq, self, verb, "srq")
+        init.xrcd = engine_object(xrcd, self, verb, "xrcd")
         init.cap = make_qp_cap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr,
                                max_send_sge=max_send_sge, max_recv_sge=max_recv_sge,
                                max_inline_data=max_inline_data)
@@ -346,12 +378,14 @@ class Context(_Obj):
 
     def open_qp(self, xrcd: Xrcd, qp_num: int) -> Qp:
         """ibv_open_qp: a handle on an existing XRC TGT QP of the domain."""
-        return Qp(self, _run(self._o.open_qp, unwrap(xrcd), qp_num))
+        xrcd = engine_object(xrcd, self, "ibv_open_qp", "xrcd")
+        return Qp(self, _run(self._o.open_qp, xrcd, qp_num))
 
     def get_async_event(self, timeout_ns: int = 0) -> Optional[AsyncEvent]:
         """The next unread async event, waiting up to timeout_ns; None if none came."""
         o = self._o
-        ev = _run(lambda: o.get_async_event(self.lab.now_ns + timeout_ns))
+        deadline = deadline_ns("ibv_get_async_event", self.lab.now_ns, timeout_ns)
+        ev = _run(lambda: o.get_async_event(deadline))
         return None if ev is None else AsyncEvent.from_core(ev)
 
     def ack_async_event(self, event: AsyncEvent) -> None:

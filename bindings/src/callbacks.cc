@@ -27,6 +27,17 @@ PyCallback::~PyCallback() {
   }
 }
 
+std::string exception_text(py::error_already_set& e) {
+  std::string name = "exception";
+  std::string message;
+  try {
+    name = py::str(e.type().attr("__name__")).cast<std::string>();
+    message = py::str(e.value()).cast<std::string>();
+  } catch (const std::exception&) {  // a broken __str__: the type alone
+  }
+  return message.empty() ? name : name + ": " + message;
+}
+
 bool PyCallback::truth(const py::object& r) {
   const int t = PyObject_IsTrue(r.ptr());
   if (t < 0) throw py::error_already_set();
@@ -61,15 +72,15 @@ std::shared_ptr<PyCallback> make_callback(const py::object& fn, std::string wher
 }
 
 void bind_callbacks(py::module_& m) {
-  m.def(
-      "take_python_errors",
+  def_fn(
+      m, "take_python_errors",
       [] {
         py::list out = parked();
         parked() = py::list();
         return out;
       },
       "Parked (where, exception) pairs from callbacks, oldest first; clears them.");
-  m.def("pending_python_errors", [] { return py::len(parked()); });
+  def_fn(m, "pending_python_errors", [] { return py::len(parked()); });
 }
 
 }  // namespace rdmalab::bindings

@@ -31,7 +31,7 @@ void bind_cm_values(py::module_& m) {
       py::arg("TIMEOUT") = +REJ_TIMEOUT, py::arg("INVALID_SERVICE_ID") = +REJ_INVALID_SERVICE_ID,
       py::arg("STALE_CONN") = +REJ_STALE_CONN, py::arg("CONSUMER_DEFINED") = +REJ_CONSUMER_DEFINED);
 
-  py::class_<CmEvent>(m, "CmEvent")
+  Class<CmEvent>(m, "CmEvent")
       .def(py::init<>())
       .def_readwrite("event", &CmEvent::event)
       .def_readwrite("status", &CmEvent::status)
@@ -49,13 +49,15 @@ void bind_cm_values(py::module_& m) {
                " status=" + std::to_string(e.status) + " id=" + std::to_string(e.id) + ">";
       });
 
-  py::class_<CmTiming>(m, "CmTiming")
+  Class<CmTiming>(m, "CmTiming")
+      .verb("rdma_set_option")
       .def(py::init<>())
       .def_readwrite("cm_response_timeout", &CmTiming::cm_response_timeout)
       .def_readwrite("max_cm_retries", &CmTiming::max_cm_retries)
       .def_readwrite("packet_life_time", &CmTiming::packet_life_time);
 
-  py::class_<ConnParam>(m, "ConnParam")
+  Class<ConnParam>(m, "ConnParam")
+      .verb("rdma_connect")
       .def(py::init<>())
       .def_property(
           "private_data", [](const ConnParam& p) { return to_bytes(p.private_data); },
@@ -65,14 +67,14 @@ void bind_cm_values(py::module_& m) {
       .def_readwrite("retry_count", &ConnParam::retry_count)
       .def_readwrite("rnr_retry_count", &ConnParam::rnr_retry_count);
 
-  py::class_<CmEventRecord>(m, "CmEventRecord")
+  Class<CmEventRecord>(m, "CmEventRecord")
       .def_readonly("event", &CmEventRecord::event)
       .def_readonly("read_ns", &CmEventRecord::read_ns);
 }
 
 void bind_cm_objects(py::module_& m) {
   const auto child = py::keep_alive<0, 1>();
-  py::class_<CmId, Object, std::shared_ptr<CmId>>(m, "CmId")
+  Class<CmId, Object, std::shared_ptr<CmId>>(m, "CmId")
       .def_property_readonly("cm_state", py::cpp_function(&CmId::cm_state, kRelease))
       .def_property_readonly("protocol_state", py::cpp_function(&CmId::protocol_state, kRelease))
       .def("resolve_addr", &CmId::resolve_addr, arg("dst"), arg("port"), arg("timeout_ns"),
@@ -103,7 +105,7 @@ void bind_cm_objects(py::module_& m) {
       .def("disconnect", &CmId::disconnect, kRelease)
       .def("destroy", &CmId::destroy, arg("deadline_ns"), kRelease);
 
-  py::class_<CmEventChannel, Object, std::shared_ptr<CmEventChannel>>(m, "CmEventChannel")
+  Class<CmEventChannel, Object, std::shared_ptr<CmEventChannel>>(m, "CmEventChannel")
       .def(
           "create_id", [](CmEventChannel& c) { return gil_free_delete(c.create_id()); }, kRelease,
           child)
@@ -125,7 +127,8 @@ auto member(std::shared_ptr<T> CmConnection::*field) {
 }
 
 void bind_connection(py::module_& m) {
-  py::class_<CmEndpointSpec>(m, "CmEndpointSpec")
+  Class<CmEndpointSpec>(m, "CmEndpointSpec")
+      .verb("rdma_connect")
       .def(py::init<>())
       .def_readwrite("dst", &CmEndpointSpec::dst)
       .def_readwrite("port", &CmEndpointSpec::port)
@@ -135,7 +138,7 @@ void bind_connection(py::module_& m) {
       .def_readwrite("timing", &CmEndpointSpec::timing)
       .def_readwrite("resolve_timeout_ns", &CmEndpointSpec::resolve_timeout_ns);
 
-  py::class_<CmConnection>(m, "CmConnection")
+  Class<CmConnection>(m, "CmConnection")
       .def(py::init([](std::shared_ptr<CmId> id, std::shared_ptr<Pd> pd, std::shared_ptr<Cq> cq,
                        std::shared_ptr<Qp> qp) {
              return CmConnection{std::move(id), std::move(pd), std::move(cq), std::move(qp)};
@@ -146,11 +149,11 @@ void bind_connection(py::module_& m) {
       .def_property_readonly("cq", member(&CmConnection::cq))
       .def_property_readonly("qp", member(&CmConnection::qp));
 
-  m.def("cm_listen", &cm_listen, arg("pump"), arg("port"), arg("backlog") = 16, kRelease);
-  m.def("cm_connect", &cm_connect, arg("pump"), arg("spec"), arg("deadline_ns"), kRelease);
-  m.def("cm_accept", &cm_accept, arg("pump"), arg("id"), arg("spec"), kRelease);
-  m.def("cm_close", &cm_close, arg("pump"), arg("conn"), arg("deadline_ns"), kRelease);
-  m.def("cm_event_names", &event_names, arg("events"));
+  def_fn(m, "cm_listen", &cm_listen, arg("pump"), arg("port"), arg("backlog") = 16, kRelease);
+  def_fn(m, "cm_connect", &cm_connect, arg("pump"), arg("spec"), arg("deadline_ns"), kRelease);
+  def_fn(m, "cm_accept", &cm_accept, arg("pump"), arg("id"), arg("spec"), kRelease);
+  def_fn(m, "cm_close", &cm_close, arg("pump"), arg("conn"), arg("deadline_ns"), kRelease);
+  def_fn(m, "cm_event_names", &event_names, arg("events"));
 }
 
 // CmPair's bring-up in one call (rdmalab.resources.CmPair): the same engine calls, in the
@@ -281,7 +284,7 @@ void bind_pair(py::module_& m) {
                                    gil_free_delete(c->cq), gil_free_delete(c->qp)});
     };
   };
-  py::class_<CmPairUp>(m, "CmPairUp")
+  Class<CmPairUp>(m, "CmPairUp")
       .def(py::init<>())
       .def_property_readonly("listener",
                              [](const CmPairUp& s) { return gil_free_delete(s.listener); })
@@ -298,28 +301,28 @@ void bind_pair(py::module_& m) {
       .def_readonly("client_waited", &CmPairUp::client_waited)
       .def_readonly("server_waited", &CmPairUp::server_waited)
       .def_readonly("ok", &CmPairUp::ok);
-  py::class_<CmPairDown>(m, "CmPairDown")
+  Class<CmPairDown>(m, "CmPairDown")
       .def(py::init<>())
       .def_readonly("server_disconnected", &CmPairDown::server_disconnected)
       .def_readonly("client_disconnected", &CmPairDown::client_disconnected)
       .def_readonly("server_waited", &CmPairDown::server_waited)
       .def_readonly("client_waited", &CmPairDown::client_waited)
       .def_readonly("ok", &CmPairDown::ok);
-  m.def("cm_pair_up", &cm_pair_up, arg("state"), arg("lab"), arg("server"), arg("client"),
-        arg("port"), arg("dst"), arg("connect_spec"), arg("accept_spec"), arg("timeout_ns"),
-        arg("established"), kRelease);
-  py::class_<CmChannelClose>(m, "CmChannelClose")
+  def_fn(m, "cm_pair_up", &cm_pair_up, arg("state"), arg("lab"), arg("server"), arg("client"),
+         arg("port"), arg("dst"), arg("connect_spec"), arg("accept_spec"), arg("timeout_ns"),
+         arg("established"), kRelease);
+  Class<CmChannelClose>(m, "CmChannelClose")
       .def(py::init<>())
       .def_readonly("stopped", &CmChannelClose::stopped);
-  m.def("cm_channel_close", &cm_channel_close, arg("state"), arg("lab"), arg("pump"), arg("conns"),
-        arg("listeners"), arg("timeout_ns"), kRelease);
-  m.def("cm_pair_disconnect", &cm_pair_disconnect, arg("state"), arg("lab"), arg("client"),
-        arg("client_id"), arg("server"), arg("server_id"), arg("timeout_ns"), arg("disconnected"),
-        kRelease);
+  def_fn(m, "cm_channel_close", &cm_channel_close, arg("state"), arg("lab"), arg("pump"),
+         arg("conns"), arg("listeners"), arg("timeout_ns"), kRelease);
+  def_fn(m, "cm_pair_disconnect", &cm_pair_disconnect, arg("state"), arg("lab"), arg("client"),
+         arg("client_id"), arg("server"), arg("server_id"), arg("timeout_ns"), arg("disconnected"),
+         kRelease);
 }
 
 void bind_pump(py::module_& m) {
-  py::class_<CmPumpStats>(m, "CmPumpStats")
+  Class<CmPumpStats>(m, "CmPumpStats")
       .def_readonly("read", &CmPumpStats::read)
       .def_readonly("delivered", &CmPumpStats::delivered)
       .def_readonly("unhandled", &CmPumpStats::unhandled)
@@ -333,9 +336,10 @@ void bind_pump(py::module_& m) {
     if (!cb) throw py::type_error(where + ": handler must be callable");
     return CmHandler([cb](const CmEvent& ev) { cb->call_or_throw(ev); });
   };
-  py::class_<CmEventPump, std::shared_ptr<CmEventPump>>(m, "CmEventPump")
+  Class<CmEventPump, std::shared_ptr<CmEventPump>>(m, "CmEventPump")
       .def(py::init([](const std::shared_ptr<Lab>& lab, std::shared_ptr<CmEventChannel> channel,
-                       const std::string& host, int workers) {
+                       const std::string& host, const IntArg<int>& workers_arg) {
+             const int workers = int_of(workers_arg, "CmEventPump", "workers");
              py::gil_scoped_release release;
              return gil_free_delete(std::make_shared<CmEventPump>(
                  lab->runtime(), std::move(channel), &lab->history(), host, workers));

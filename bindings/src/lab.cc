@@ -26,7 +26,7 @@ nlohmann::json parse_rule_json(const std::string& text) {
 
 void bind_hosts(py::module_& m) {
   const auto child = py::keep_alive<0, 1>();
-  py::class_<Process, std::shared_ptr<Process>>(m, "Process")
+  Class<Process, std::shared_ptr<Process>>(m, "Process")
       .def_property_readonly("name", &Process::name)
       .def_property_readonly("pid", &Process::pid)
       .def_property_readonly("alive", py::cpp_function(&Process::alive, kRelease))
@@ -40,7 +40,7 @@ void bind_hosts(py::module_& m) {
       .def("kill", &Process::kill, kRelease)
       .def("kernel_objects", &Process::kernel_objects, kRelease);
 
-  py::class_<Host, std::shared_ptr<Host>>(m, "Host")
+  Class<Host, std::shared_ptr<Host>>(m, "Host")
       .def_property_readonly("name", &Host::name)
       .def("device_names", &Host::device_names, kRelease)
       .def("device_caps", &Host::device_caps, arg("device_name"), kRelease)
@@ -52,7 +52,7 @@ void bind_hosts(py::module_& m) {
 }
 
 void bind_lab_class(py::module_& m) {
-  py::class_<Lab, std::shared_ptr<Lab>>(m, "Lab")
+  Class<Lab, std::shared_ptr<Lab>>(m, "Lab")
       .def_property_readonly("backend", &Lab::backend)
       .def_property_readonly("seed", &Lab::seed)
       .def_property_readonly("now_ns", [](Lab& l) { return l.runtime().now_ns(); })
@@ -70,10 +70,10 @@ void bind_lab_class(py::module_& m) {
             py::gil_scoped_release release;
             return lab->runtime().wait_until([&cb] { return cb->call<bool>(true); }, deadline_ns);
           },
-          arg("pred"), arg("deadline_ns"))
+          arg("pred"), arg("deadline_ns"), Verb{"wait_until"})
       .def(
           "sleep_for", [](Lab& l, TimeNs d) { l.runtime().sleep_for(d); }, arg("duration_ns"),
-          kRelease)
+          kRelease, Verb{"sleep_for"})
       // A harness thread running a Python function (in the model: a simulated thread).
       .def(
           "spawn",
@@ -101,24 +101,26 @@ void bind_lab_class(py::module_& m) {
 }
 
 void bind_model_structs(py::module_& m) {
-  py::class_<model::HostSpec>(m, "HostSpec")
+  Class<model::HostSpec>(m, "HostSpec")
       .def(py::init<>())
       .def_readwrite("name", &model::HostSpec::name)
       .def_readwrite("personality", &model::HostSpec::personality)
       .def_readwrite("xrc_tgt_lifetime", &model::HostSpec::xrc_tgt_lifetime);
-  py::class_<model::FabricOptions>(m, "FabricOptions")
+  Class<model::FabricOptions>(m, "FabricOptions")
+      .verb("set_fabric")
       .def(py::init<>())
       .def_readwrite("latency_ns", &model::FabricOptions::latency_ns)
       .def_readwrite("jitter_ns", &model::FabricOptions::jitter_ns)
       .def_readwrite("loss_ppm", &model::FabricOptions::loss_ppm);
-  py::class_<model::LabOptions>(m, "LabOptions")
+  Class<model::LabOptions>(m, "LabOptions")
+      .verb("make_lab")
       .def(py::init<>())
       .def_readwrite("seed", &model::LabOptions::seed)
       .def_readwrite("hosts", &model::LabOptions::hosts)
       .def_readwrite("fabric", &model::LabOptions::fabric)
       .def_readwrite("mutations", &model::LabOptions::mutations);
 
-  py::class_<model::VerbCall>(m, "VerbCall")
+  Class<model::VerbCall>(m, "VerbCall")
       .def(py::init<>())
       .def_readwrite("host", &model::VerbCall::host)
       .def_readwrite("verb", &model::VerbCall::verb)
@@ -130,9 +132,9 @@ void bind_model_structs(py::module_& m) {
 }
 
 void bind_model_lab(py::module_& m) {
-  py::class_<ModelLab, Lab, std::shared_ptr<ModelLab>>(m, "ModelLab")
-      .def("run_until", &ModelLab::run_until, arg("deadline_ns"), kRelease)
-      .def("run_for", &ModelLab::run_for, arg("duration_ns"), kRelease)
+  Class<ModelLab, Lab, std::shared_ptr<ModelLab>>(m, "ModelLab")
+      .def("run_until", &ModelLab::run_until, arg("deadline_ns"), kRelease, Verb{"run_until"})
+      .def("run_for", &ModelLab::run_for, arg("duration_ns"), kRelease, Verb{"run_for"})
       .def(
           "at",
           [](const std::shared_ptr<ModelLab>& lab, TimeNs t_ns, const py::object& fn) {
@@ -171,25 +173,24 @@ void bind_model_lab(py::module_& m) {
           arg("hook"))
       .def("set_fabric", &ModelLab::set_fabric, arg("options"), kRelease)
       .def("inject_async_event", &ModelLab::inject_async_event, arg("host"), arg("type"),
-           arg("number"), arg("driver_delay_ns") = 0, kRelease)
+           arg("number"), arg("driver_delay_ns") = 0, kRelease, Verb{"inject_async_event"})
       .def("set_port_state", &ModelLab::set_port_state, arg("host"), arg("up"), kRelease)
       .def("device_fatal", &ModelLab::device_fatal, arg("host"), kRelease)
       .def("rdma_link_delete", &ModelLab::rdma_link_delete, arg("host"), kRelease)
-      .def("rdma_link_removal_pending", &ModelLab::rdma_link_removal_pending, arg("host"),
-           kRelease)
+      .def("rdma_link_removal_pending", &ModelLab::rdma_link_removal_pending, arg("host"), kRelease)
       .def("rdma_link_add", &ModelLab::rdma_link_add, arg("host"), kRelease)
-      .def("reboot", &ModelLab::reboot, arg("host"), arg("down_ns"), kRelease)
+      .def("reboot", &ModelLab::reboot, arg("host"), arg("down_ns"), kRelease, Verb{"reboot"})
       .def("fault_counts", &ModelLab::fault_counts, kRelease)
       .def("dump_state", &ModelLab::dump_state, kRelease);
 
-  m.def(
-      "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
+  def_fn(
+      m, "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
       arg("options"), kRelease);
-  m.def("personalities", &model::personalities);
+  def_fn(m, "personalities", &model::personalities);
   // A model personality's iWARP MPA timers, (reply_ms, request_ms): the one home of the fact
   // (personality.cc cites the drivers) for bounds computed in Python (cm_timing.IwMpaTiming).
-  m.def(
-      "iw_mpa_timeouts_ms",
+  def_fn(
+      m, "iw_mpa_timeouts_ms",
       [](const std::string& name) {
         const model::Personality& p = model::personality(name);
         return py::make_tuple(p.iw_mpa_reply_timeout_ms, p.iw_mpa_request_timeout_ms);
@@ -197,8 +198,8 @@ void bind_model_lab(py::module_& m) {
       arg("personality"));
   // The fault switch's validation of a wire rule, for a lab that sends its rules to the switch:
   // the same error as the model's add_rule gives.
-  m.def(
-      "check_wire_rule",
+  def_fn(
+      m, "check_wire_rule",
       [](const std::string& rule) {
         try {
           faults::parse_rule(parse_rule_json(rule));
@@ -208,8 +209,9 @@ void bind_model_lab(py::module_& m) {
       },
       arg("rule"));
   // The planted defects (rdmalab/mutation.h) as (name, what it breaks), in table order.
-  m.def("mutations", [] {
+  def_fn(m, "mutations", [] {
     std::vector<std::pair<std::string, std::string>> out;
+    out.reserve(kMutations.size());
     for (const auto& mu : kMutations) out.emplace_back(mu.name, mu.breaks);
     return out;
   });
@@ -218,11 +220,11 @@ void bind_model_lab(py::module_& m) {
 // The verbs backend: this machine's devices as one host (in the VM lab each guest's agent
 // makes one, named as the scenario names that host).
 void bind_verbs_lab(py::module_& m) {
-  py::class_<verbs::VerbsLab, Lab, std::shared_ptr<verbs::VerbsLab>>(m, "VerbsLab")
+  Class<verbs::VerbsLab, Lab, std::shared_ptr<verbs::VerbsLab>>(m, "VerbsLab")
       .def("set_clock_offset", &verbs::VerbsLab::set_clock_offset, arg("offset_ns"), kRelease)
       .def("stalled_ns", &verbs::VerbsLab::stalled_ns, arg("from_ns"), arg("to_ns"), kRelease);
-  m.def(
-      "make_verbs_lab",
+  def_fn(
+      m, "make_verbs_lab",
       [](uint64_t seed, const std::string& host) {
         return gil_free_delete(std::make_shared<verbs::VerbsLab>(seed, host));
       },

@@ -15,12 +15,13 @@ using metrics::Source;
 using py::arg;
 
 void bind_device_counters(py::module_& m) {
-  py::class_<DeviceCounter>(m, "DeviceCounter")
+  Class<DeviceCounter>(m, "DeviceCounter")
       .def(py::init<>())
-      .def(py::init([](std::string device, uint32_t port, std::string source, std::string name,
-                       uint64_t value) {
-             return DeviceCounter{std::move(device), port, std::move(source), std::move(name),
-                                  value};
+      .def(py::init([](std::string device, const IntArg<uint32_t>& port, std::string source,
+                       std::string name, const IntArg<uint64_t>& value) {
+             return DeviceCounter{std::move(device), int_of(port, "DeviceCounter", "port"),
+                                  std::move(source), std::move(name),
+                                  int_of(value, "DeviceCounter", "value")};
            }),
            arg("device"), arg("port"), arg("source"), arg("name"), arg("value"))
       .def_readwrite("device", &DeviceCounter::device)
@@ -28,12 +29,12 @@ void bind_device_counters(py::module_& m) {
       .def_readwrite("source", &DeviceCounter::source)
       .def_readwrite("name", &DeviceCounter::name)
       .def_readwrite("value", &DeviceCounter::value);
-  m.def(
-      "read_sysfs_counters",
+  def_fn(
+      m, "read_sysfs_counters",
       [](const std::string& root) { return metrics::read_sysfs_counters(root); }, arg("root"),
       kRelease);
-  m.def(
-      "parse_rdma_statistic",
+  def_fn(
+      m, "parse_rdma_statistic",
       [](const std::string& text) { return metrics::parse_rdma_statistic(text); }, arg("text"));
 }
 
@@ -42,7 +43,7 @@ void bind_device_counters(py::module_& m) {
 void bind_metrics(py::module_& m) {
   bind_device_counters(m);
   // Destroyed without the GIL: stopping the pull endpoint joins its threads.
-  py::class_<Metrics, std::shared_ptr<Metrics>>(m, "Metrics")
+  Class<Metrics, std::shared_ptr<Metrics>>(m, "Metrics")
       .def(py::init([] { return gil_free_delete(Metrics::create()); }))
       .def(
           "attach", [](Metrics& self, Lab& lab) { self.attach(lab); }, arg("lab"), kRelease)

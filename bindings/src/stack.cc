@@ -16,7 +16,8 @@ using py::arg;
 using namespace rdmalab::stack;  // NOLINT(google-build-using-namespace): names as in the headers
 
 void bind_connect(py::module_& m) {
-  py::class_<Endpoint>(m, "Endpoint")
+  Class<Endpoint>(m, "Endpoint")
+      .verb("bring_up")
       .def(py::init<>())
       .def_readwrite("qp_num", &Endpoint::qp_num)
       .def_readwrite("psn", &Endpoint::psn)
@@ -24,9 +25,10 @@ void bind_connect(py::module_& m) {
       .def_readwrite("lid", &Endpoint::lid)
       .def_readwrite("transport", &Endpoint::transport)
       .def_readwrite("port_num", &Endpoint::port_num);
-  m.def("local_endpoint", &local_endpoint, arg("ctx"), arg("qp"), arg("psn"), kRelease);
+  def_fn(m, "local_endpoint", &local_endpoint, arg("ctx"), arg("qp"), arg("psn"), kRelease);
 
-  py::class_<RcParams>(m, "RcParams")
+  Class<RcParams>(m, "RcParams")
+      .verb("bring_up")
       .def(py::init<>())
       .def_readwrite("path_mtu", &RcParams::path_mtu)
       .def_readwrite("timeout", &RcParams::timeout)
@@ -39,15 +41,15 @@ void bind_connect(py::module_& m) {
       .def_readwrite("qkey", &RcParams::qkey)
       .def_readwrite("pkey_index", &RcParams::pkey_index);
 
-  py::class_<TransitionMasks>(m, "TransitionMasks")
+  Class<TransitionMasks>(m, "TransitionMasks")
       .def(py::init<>())
       .def_readwrite("to_init", &TransitionMasks::to_init)
       .def_readwrite("to_rtr", &TransitionMasks::to_rtr)
       .def_readwrite("to_rts", &TransitionMasks::to_rts);
-  m.def("transition_masks", &transition_masks, arg("qp_type"), arg("transport"));
-  m.def("bring_up_attr", &bring_up_attr, arg("local"), arg("remote"), arg("params"));
-  m.def("bring_up", &bring_up, arg("qp"), arg("local"), arg("remote"), arg("params") = RcParams{},
-        kRelease);
+  def_fn(m, "transition_masks", &transition_masks, arg("qp_type"), arg("transport"));
+  def_fn(m, "bring_up_attr", &bring_up_attr, arg("local"), arg("remote"), arg("params"));
+  def_fn(m, "bring_up", &bring_up, arg("qp"), arg("local"), arg("remote"),
+         arg("params") = RcParams{}, kRelease);
 }
 
 void bind_ledger(py::module_& m) {
@@ -55,7 +57,7 @@ void bind_ledger(py::module_& m) {
   bind_enum<WrOutcome>(m, "WrOutcome", static_cast<int>(WrOutcome::PASSED) + 1);
   bind_enum<ViolationKind>(m, "ViolationKind", static_cast<int>(ViolationKind::OUT_OF_ORDER) + 1);
 
-  py::class_<LedgerEntry>(m, "LedgerEntry")
+  Class<LedgerEntry>(m, "LedgerEntry")
       .def_readonly("wr_id", &LedgerEntry::wr_id)
       .def_readonly("label", &LedgerEntry::label)
       .def_readonly("qp_num", &LedgerEntry::qp_num)
@@ -65,12 +67,12 @@ void bind_ledger(py::module_& m) {
       .def_readonly("outcome", &LedgerEntry::outcome)
       .def_readonly("status", &LedgerEntry::status)
       .def_readonly("completed_qp_num", &LedgerEntry::completed_qp_num);
-  py::class_<LedgerViolation>(m, "LedgerViolation")
+  Class<LedgerViolation>(m, "LedgerViolation")
       .def_readonly("kind", &LedgerViolation::kind)
       .def_readonly("wr_id", &LedgerViolation::wr_id)
       .def_readonly("qp_num", &LedgerViolation::qp_num)
       .def_readonly("detail", &LedgerViolation::detail);
-  py::class_<LedgerReport>(m, "LedgerReport")
+  Class<LedgerReport>(m, "LedgerReport")
       .def_readonly("posted", &LedgerReport::posted)
       .def_readonly("succeeded", &LedgerReport::succeeded)
       .def_readonly("flushed", &LedgerReport::flushed)
@@ -85,7 +87,7 @@ void bind_ledger(py::module_& m) {
   using LabelOutstanding = uint64_t (CompletionLedger::*)(const std::string&, WorkQueue) const;
   using QpnIds = std::vector<uint64_t> (CompletionLedger::*)(uint32_t, WorkQueue) const;
   using LabelIds = std::vector<uint64_t> (CompletionLedger::*)(const std::string&, WorkQueue) const;
-  py::class_<CompletionLedger, std::shared_ptr<CompletionLedger>>(m, "CompletionLedger")
+  Class<CompletionLedger, std::shared_ptr<CompletionLedger>>(m, "CompletionLedger")
       .def(py::init([](const std::shared_ptr<Lab>& lab, const std::string& host) {
              return std::make_shared<CompletionLedger>(lab ? &lab->history() : nullptr, host);
            }),
@@ -109,7 +111,7 @@ void bind_ledger(py::module_& m) {
 }
 
 void bind_traffic(py::module_& m) {
-  py::class_<Traffic, std::shared_ptr<Traffic>>(m, "Traffic")
+  Class<Traffic, std::shared_ptr<Traffic>>(m, "Traffic")
       .def(py::init([](const std::shared_ptr<Lab>& lab, CompletionLedger& ledger,
                        const std::string& host) {
              return gil_free_delete(
@@ -139,11 +141,16 @@ void bind_traffic(py::module_& m) {
       .def("set_poll_interval", &Traffic::set_poll_interval, arg("min_ns"), arg("max_ns"), kRelease)
       .def("next_wr_id", &Traffic::next_wr_id, kRelease)
       .def_property_readonly("ledger", &Traffic::ledger,
-                             py::return_value_policy::reference_internal);
+                             py::return_value_policy::reference_internal)
+      // (0, "", host): what its objects must be of (its host; "" = any).
+      .def_property_readonly("scope", [](const Traffic& t) {
+        const Owner o = t.scope();
+        return py::make_tuple(o.id, o.label, o.host);
+      });
 }
 
 void bind_dispatcher(py::module_& m) {
-  py::class_<DispatcherStats>(m, "DispatcherStats")
+  Class<DispatcherStats>(m, "DispatcherStats")
       .def_readonly("read", &DispatcherStats::read)
       .def_readonly("delivered", &DispatcherStats::delivered)
       .def_readonly("dropped", &DispatcherStats::dropped)
@@ -158,9 +165,10 @@ void bind_dispatcher(py::module_& m) {
     if (!cb) throw py::type_error(where + ": handler must be callable");
     return AsyncHandler([cb](const AsyncEvent& ev) { cb->call_or_throw(ev); });
   };
-  py::class_<AsyncDispatcher, std::shared_ptr<AsyncDispatcher>>(m, "AsyncDispatcher")
+  Class<AsyncDispatcher, std::shared_ptr<AsyncDispatcher>>(m, "AsyncDispatcher")
       .def(py::init([](const std::shared_ptr<Lab>& lab, std::shared_ptr<Context> ctx,
-                       const std::string& host, int workers) {
+                       const std::string& host, const IntArg<int>& workers_arg) {
+             const int workers = int_of(workers_arg, "AsyncDispatcher", "workers");
              py::gil_scoped_release release;
              return gil_free_delete(std::make_shared<AsyncDispatcher>(
                  lab->runtime(), std::move(ctx), &lab->history(), host, workers));
@@ -196,7 +204,7 @@ void bind_dispatcher(py::module_& m) {
 }
 
 void bind_drain(py::module_& m) {
-  py::class_<DrainReport>(m, "DrainReport")
+  Class<DrainReport>(m, "DrainReport")
       .def_readonly("method", &DrainReport::method)
       .def_readonly("outstanding_sq", &DrainReport::outstanding_sq)
       .def_readonly("outstanding_rq", &DrainReport::outstanding_rq)
@@ -210,8 +218,8 @@ void bind_drain(py::module_& m) {
       .def_readonly("cq_overflow", &DrainReport::cq_overflow)
       .def_readonly("elapsed_ns", &DrainReport::elapsed_ns)
       .def_readonly("detail", &DrainReport::detail);
-  m.def(
-      "drain_qp",
+  def_fn(
+      m, "drain_qp",
       [](Lab& lab, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq, TimeNs deadline_ns,
          AsyncDispatcher* dispatcher, Srq* srq, ErrPostPolicy err_post) {
         return drain_qp(lab.runtime(), qp, traffic, send_cq, recv_cq, deadline_ns, dispatcher, srq,

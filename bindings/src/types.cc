@@ -47,11 +47,11 @@ void bind_enums(py::module_& m) {
   m.attr("NS_PER_US") = kNsPerUs;
   m.attr("NS_PER_MS") = kNsPerMs;
   m.attr("NS_PER_SEC") = kNsPerSec;
-  m.def("affiliation", &affiliation, py::arg("type"));
+  def_fn(m, "affiliation", &affiliation, py::arg("type"));
 }
 
 void bind_device_structs(py::module_& m) {
-  py::class_<Gid>(m, "Gid")
+  Class<Gid>(m, "Gid")
       .def(py::init<>())
       .def_property(
           "raw",
@@ -67,7 +67,7 @@ void bind_device_structs(py::module_& m) {
       .def("__repr__", [](const Gid& g) { return "Gid('" + g.str() + "')"; })
       .def(py::self == py::self);
 
-  py::class_<DeviceCaps>(m, "DeviceCaps")
+  Class<DeviceCaps>(m, "DeviceCaps")
       .def(py::init<>())
       .def_readwrite("name", &DeviceCaps::name)
       .def_readwrite("personality", &DeviceCaps::personality)
@@ -101,7 +101,8 @@ void bind_device_structs(py::module_& m) {
 }
 
 void bind_qp_structs(py::module_& m) {
-  py::class_<QpCap>(m, "QpCap")
+  Class<QpCap>(m, "QpCap")
+      .verb("ibv_create_qp")
       .def(py::init<>())
       .def_readwrite("max_send_wr", &QpCap::max_send_wr)
       .def_readwrite("max_recv_wr", &QpCap::max_recv_wr)
@@ -109,7 +110,8 @@ void bind_qp_structs(py::module_& m) {
       .def_readwrite("max_recv_sge", &QpCap::max_recv_sge)
       .def_readwrite("max_inline_data", &QpCap::max_inline_data);
 
-  py::class_<AhAttr>(m, "AhAttr")
+  Class<AhAttr>(m, "AhAttr")
+      .verb("ibv_modify_qp")
       .def(py::init<>())
       .def_readwrite("dgid", &AhAttr::dgid)
       .def_readwrite("dlid", &AhAttr::dlid)
@@ -117,7 +119,8 @@ void bind_qp_structs(py::module_& m) {
       .def_readwrite("port_num", &AhAttr::port_num)
       .def_readwrite("sl", &AhAttr::sl);
 
-  py::class_<QpAttr>(m, "QpAttr")
+  Class<QpAttr>(m, "QpAttr")
+      .verb("ibv_modify_qp")
       .def(py::init<>())
       .def_readwrite("qp_state", &QpAttr::qp_state)
       .def_readwrite("cur_qp_state", &QpAttr::cur_qp_state)
@@ -140,7 +143,8 @@ void bind_qp_structs(py::module_& m) {
       .def_readwrite("sq_draining", &QpAttr::sq_draining)
       .def_readwrite("cap", &QpAttr::cap);
 
-  py::class_<SrqInitAttr>(m, "SrqInitAttr")
+  Class<SrqInitAttr>(m, "SrqInitAttr")
+      .verb("ibv_create_srq")
       .def(py::init<>())
       .def_readwrite("max_wr", &SrqInitAttr::max_wr)
       .def_readwrite("max_sge", &SrqInitAttr::max_sge)
@@ -148,17 +152,20 @@ void bind_qp_structs(py::module_& m) {
 }
 
 void bind_wr_structs(py::module_& m) {
-  py::class_<Sge>(m, "Sge")
+  Class<Sge>(m, "Sge")
       .def(py::init<>())
-      .def(py::init([](uint64_t addr, uint32_t length, uint32_t lkey) {
-             return Sge{addr, length, lkey};
+      .def(py::init([](const IntArg<uint64_t>& addr, const IntArg<uint32_t>& length,
+                       const IntArg<uint32_t>& lkey) {
+             return Sge{int_of(addr, "Sge", "addr"), int_of(length, "Sge", "length"),
+                        int_of(lkey, "Sge", "lkey")};
            }),
            py::arg("addr"), py::arg("length"), py::arg("lkey"))
       .def_readwrite("addr", &Sge::addr)
       .def_readwrite("length", &Sge::length)
       .def_readwrite("lkey", &Sge::lkey);
 
-  py::class_<SendWr>(m, "SendWr")
+  Class<SendWr>(m, "SendWr")
+      .verb("ibv_post_send")
       .def(py::init<>())
       .def_readwrite("wr_id", &SendWr::wr_id)
       .def_readwrite("opcode", &SendWr::opcode)
@@ -172,12 +179,13 @@ void bind_wr_structs(py::module_& m) {
       .def_readwrite("remote_qkey", &SendWr::remote_qkey)
       .def_readwrite("remote_srqn", &SendWr::remote_srqn);
 
-  py::class_<RecvWr>(m, "RecvWr")
+  Class<RecvWr>(m, "RecvWr")
+      .verb("ibv_post_recv")
       .def(py::init<>())
       .def_readwrite("wr_id", &RecvWr::wr_id)
       .def_readwrite("sg_list", &RecvWr::sg_list);
 
-  py::class_<WorkCompletion>(m, "WorkCompletion")
+  Class<WorkCompletion>(m, "WorkCompletion")
       .def(py::init<>())
       .def_readwrite("wr_id", &WorkCompletion::wr_id)
       .def_readwrite("status", &WorkCompletion::status)
@@ -189,7 +197,7 @@ void bind_wr_structs(py::module_& m) {
       .def_readwrite("src_qp", &WorkCompletion::src_qp)
       .def_readwrite("with_imm", &WorkCompletion::with_imm);
 
-  py::class_<AsyncEvent>(m, "AsyncEvent")
+  Class<AsyncEvent>(m, "AsyncEvent")
       .def(py::init<>())
       .def_readwrite("type", &AsyncEvent::type)
       .def_readwrite("kind", &AsyncEvent::kind)
@@ -203,10 +211,10 @@ void bind_wr_structs(py::module_& m) {
 // rdmalab/kernel_timer.h: the one home of the timer wheel's arithmetic (cm_timing uses it).
 void bind_kernel_timer(py::module_& m) {
   using py::arg;
-  m.def("kernel_timer_delay_ns", &kernel_timer_delay_ns, arg("now_ns"), arg("ms"), arg("hz"));
-  m.def("kernel_timer_delay_range_ns", &kernel_timer_delay_range_ns, arg("ms"), arg("hz"));
-  m.def("kernel_timer_rearm_period_ns", &kernel_timer_rearm_period_ns, arg("ms"), arg("hz"));
-  m.def("msecs_to_jiffies", &msecs_to_jiffies, arg("ms"), arg("hz"));
+  def_fn(m, "kernel_timer_delay_ns", &kernel_timer_delay_ns, arg("now_ns"), arg("ms"), arg("hz"));
+  def_fn(m, "kernel_timer_delay_range_ns", &kernel_timer_delay_range_ns, arg("ms"), arg("hz"));
+  def_fn(m, "kernel_timer_rearm_period_ns", &kernel_timer_rearm_period_ns, arg("ms"), arg("hz"));
+  def_fn(m, "msecs_to_jiffies", &msecs_to_jiffies, arg("ms"), arg("hz"));
 }
 
 }  // namespace

@@ -17,8 +17,7 @@ const char* to_string(RdmaCmState s) {
   return names[static_cast<int>(s)];
 }
 
-ModelCmId::ModelCmId(ModelCmEventChannel& ch)
-    : ModelObject(ch.env(), ch.state_of().host, "cm_id"), ch_(ch) {
+ModelCmId::ModelCmId(ModelCmEventChannel& ch) : ModelObject(ch.state_of(), "cm_id"), ch_(ch) {
   // cma.c: the starting PSN is random, 24 bits.
   psn_ = static_cast<uint32_t>(env().runtime.rng().next() & 0xffffff);
 }
@@ -149,6 +148,10 @@ std::shared_ptr<Qp> ModelCmId::create_qp(Pd& pd, const QpInitAttr& attr_in) {
   if (!ctx_) throw Error(verb, EINVAL, st_.label + " has no device yet");
   if (qp_) throw Error(verb, EINVAL, st_.label + " already has a QP");
   if (attr_in.qp_type != QpType::RC) throw Error(verb, EOPNOTSUPP, "model rdma_cm: RC only");
+  check_owner(*ctx_, pd, verb, "pd");  // the id's device context: its PD and CQs only
+  if (attr_in.send_cq) check_owner(*ctx_, *attr_in.send_cq, verb, "send_cq");
+  if (attr_in.recv_cq) check_owner(*ctx_, *attr_in.recv_cq, verb, "recv_cq");
+  if (attr_in.srq) check_owner(*ctx_, *attr_in.srq, verb, "srq");
   QpInitAttr a = attr_in;
   a.pd = std::shared_ptr<Pd>(std::shared_ptr<Pd>(), &pd);  // borrowed: create_qp keeps no ref
   if (!a.recv_cq) a.recv_cq = a.send_cq;

@@ -11,15 +11,14 @@
 namespace rdmalab::model {
 namespace {
 
-// The model object behind a reference the caller passes in: ours, live, of this context (a
-// uverbs handle of another context is unknown to this one: EINVAL).
+// The model object behind a reference the caller passes in: ours, of this context (a uverbs
+// handle of another context is unknown to this one: check_owner's EINVAL), live.
 template <class T, class U>
 T& own(U& obj, const ModelContext& ctx, const std::string& verb, const char* what) {
   T* p = dynamic_cast<T*>(&obj);
   if (p == nullptr) throw Error(verb, EINVAL, std::string(what) + " is not a model object");
+  check_owner(ctx, *p, verb, what);
   p->state_of().check(verb);
-  if (&p->ctx() != &ctx)
-    throw Error(verb, EINVAL, std::string(what) + " belongs to another context");
   return *p;
 }
 

@@ -233,5 +233,40 @@ TEST(ModelLab, DelayedPacketsAreRecordedAsFaults) {
   EXPECT_EQ(lab->fault_counts()["delay"], 1u);
 }
 
+// A negative duration is a caller's mistake, not "no time at all": refused, time unchanged.
+TEST(ModelLab, NegativeDurationsAreRefused) {
+  auto lab = lab_of({{"a", "ib"}});
+  lab->runtime().sleep_for(kNsPerUs);
+  const TimeNs t0 = lab->runtime().now_ns();
+  EXPECT_EQ(err_of([&] { lab->runtime().sleep_for(-1); }), EINVAL);
+  EXPECT_EQ(err_of([&] { lab->run_for(-1); }), EINVAL);
+  try {
+    lab->run_for(-5);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.verb(), "run_for");
+    EXPECT_EQ(e.detail(), "duration_ns = -5 is negative");
+  }
+  EXPECT_EQ(lab->runtime().now_ns(), t0);
+  lab->run_for(0);
+  lab->runtime().sleep_for(0);
+  EXPECT_EQ(lab->runtime().now_ns(), t0);
+}
+
+// The one error for an object of another context, from every verb that takes one.
+TEST(ModelLab, VerbsRefuseObjectsOfAnotherContextByName) {
+  auto lab = lab_of({{"a", "ib"}, {"b", "ib"}});
+  Node a = Node::on(*lab, "a");
+  Node b = Node::on(*lab, "b");
+  try {
+    b.ctx->reg_mr(*a.pd, 64, ACCESS_LOCAL_WRITE);
+    FAIL() << "reg_mr took a PD of another host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EINVAL);
+    EXPECT_EQ(e.verb(), "ibv_reg_mr");
+    EXPECT_EQ(e.detail(), "pd " + a.pd->label() + " is of " + a.ctx->label() +
+                              " on host a, not of " + b.ctx->label() + " on host b");
+  }
+}
+
 }  // namespace
 }  // namespace rdmalab::model

@@ -38,6 +38,11 @@ struct ObjectState {
   uint64_t id = 0;
   std::string label;
   std::string host;
+  // Where it was made (verbs.h Owner): the context or channel it came through (itself for a
+  // context or channel), kept by value so that it can be told after the lab is gone.
+  const void* lab = nullptr;
+  uint64_t owner_id = 0;
+  std::string owner_label;
   Life life = Life::kLive;
 
   bool live() const { return token->alive && life == Life::kLive; }
@@ -66,16 +71,27 @@ class ModelObject : public Base {
   uint64_t id() const override { return st_.id; }
   bool destroyed() const override { return !st_.live(); }
   std::string label() const override { return st_.label; }
+  Owner owner() const override { return {st_.lab, st_.owner_id, st_.owner_label, st_.host}; }
   const ObjectState& state_of() const { return st_; }
   Env& env() const { return *st_.env; }
 
  protected:
+  // A context or an event channel: its own owner.
   ModelObject(Env& env, std::string host, const std::string& prefix) {
     st_.env = &env;
     st_.token = env.token;
     st_.id = env.new_id();
     st_.label = prefix + ":" + std::to_string(st_.id);
     st_.host = std::move(host);
+    st_.lab = &env.history;
+    st_.owner_id = st_.id;
+    st_.owner_label = st_.label;
+  }
+  // An object made through a context or channel (`through`'s state).
+  ModelObject(const ObjectState& through, const std::string& prefix)
+      : ModelObject(*through.env, through.host, prefix) {
+    st_.owner_id = through.owner_id;
+    st_.owner_label = through.owner_label;
   }
 
   // The verb prologue: liveness, the timing-fault hook, liveness again (the hook may kill).

@@ -437,7 +437,7 @@ void QpCore::destroy() {
 // ---------------------------------------------------------------- the handle
 
 ModelQp::ModelQp(ModelContext& ctx, std::shared_ptr<QpCore> core, bool open_handle)
-    : ModelObject(ctx.env(), ctx.state_of().host, "qp"),
+    : ModelObject(ctx.state_of(), "qp"),
       ctx_(ctx),
       core_(std::move(core)),
       open_handle_(open_handle) {}

@@ -8,8 +8,7 @@ namespace rdmalab::model {
 
 // ---------------------------------------------------------------- PD
 
-ModelPd::ModelPd(ModelContext& ctx)
-    : ModelObject(ctx.env(), ctx.state_of().host, "pd"), ctx_(ctx) {}
+ModelPd::ModelPd(ModelContext& ctx) : ModelObject(ctx.state_of(), "pd"), ctx_(ctx) {}
 
 void ModelPd::dealloc() {
   enter("ibv_dealloc_pd");
@@ -29,7 +28,7 @@ void ModelPd::release(Release why) {
 // ---------------------------------------------------------------- MR
 
 ModelMr::ModelMr(ModelContext& ctx, ModelPd& pd, uint64_t length, uint32_t access, uint32_t key)
-    : ModelObject(ctx.env(), ctx.state_of().host, "mr"),
+    : ModelObject(ctx.state_of(), "mr"),
       ctx_(ctx),
       pd_(&pd),
       access_(access),
@@ -69,7 +68,7 @@ void ModelMr::release(Release why) {
 // ---------------------------------------------------------------- CQ
 
 ModelCq::ModelCq(ModelContext& ctx, int cqe, int capacity)
-    : ModelObject(ctx.env(), ctx.state_of().host, "cq"), ctx_(ctx), cqe_(cqe), capacity_(capacity) {
+    : ModelObject(ctx.state_of(), "cq"), ctx_(ctx), cqe_(cqe), capacity_(capacity) {
   ctx_.dev().cq_table[st_.id] = this;
 }
 
@@ -90,8 +89,8 @@ void ModelCq::destroy(TimeNs deadline_ns) {
     throw Error("ibv_destroy_cq", EBUSY,
                 st_.label + ": " + std::to_string(usecnt) + " QPs/SRQs use it");
   }
-  const bool acked = env().runtime.wait_until(
-      [this] { return !st_.live() || ctx_.acked(st_.id); }, deadline_ns);
+  const bool acked =
+      env().runtime.wait_until([this] { return !st_.live() || ctx_.acked(st_.id); }, deadline_ns);
   st_.check("ibv_destroy_cq");
   if (!acked) {
     throw Error("ibv_destroy_cq", EBUSY,
@@ -143,7 +142,7 @@ void ModelCq::push(const WorkCompletion& wc, const std::string& qp_label) {
 
 ModelSrq::ModelSrq(ModelContext& ctx, ModelPd& pd, const SrqInitAttr& attr, uint32_t srqn,
                    ModelCq* cq, std::shared_ptr<XrcdCore> xrcd)
-    : ModelObject(ctx.env(), ctx.state_of().host, "srq"),
+    : ModelObject(ctx.state_of(), "srq"),
       ctx_(ctx),
       pd_(&pd),
       cq_(cq),
@@ -242,7 +241,7 @@ void XrcdCore::maybe_destroy() {
 }
 
 ModelXrcd::ModelXrcd(ModelContext& ctx, std::shared_ptr<XrcdCore> core)
-    : ModelObject(ctx.env(), ctx.state_of().host, "xrcd"), ctx_(ctx), core_(std::move(core)) {
+    : ModelObject(ctx.state_of(), "xrcd"), ctx_(ctx), core_(std::move(core)) {
   ++core_->handles;
 }
 

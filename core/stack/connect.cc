@@ -3,6 +3,7 @@
 namespace rdmalab::stack {
 
 Endpoint local_endpoint(Context& ctx, Qp& qp, uint32_t psn) {
+  check_owner(ctx, qp, "local_endpoint", "qp");  // the GID and transport are ctx's
   Endpoint ep;
   ep.qp_num = qp.qp_num();
   ep.psn = psn;

@@ -34,8 +34,8 @@ struct Entry {
   uint64_t running_listen_id = 0;  // a CONNECT_REQUEST handler: its listener
   bool in_ready = false;
   bool destroying = false;
-  bool hold_acks = false;       // hold_acks(): read events are not acked
-  std::vector<CmEvent> held;    // read, handled or dropped, not acked
+  bool hold_acks = false;     // hold_acks(): read events are not acked
+  std::vector<CmEvent> held;  // read, handled or dropped, not acked
 };
 
 // Built key by key: a braced list would build each pair as a two-element array first, and
@@ -308,7 +308,8 @@ bool CmEventPump::State::run_one() {
   } catch (const std::exception& ex) {
     failed = true;
     auto data = event_json(q.ev);
-    data["what"] = ex.what();
+    data["handler"] = e->label;  // the id whose queue ran it (a listener's handler: the new id)
+    data["error"] = ex.what();
     record(e->label, "cm_handler_error", std::move(data));
   }
   record(e->label, "cm_handler_end", event_json(q.ev));
@@ -476,6 +477,7 @@ void CmEventPump::resume_reading() {
 }
 
 void CmEventPump::hold_acks(const CmId& id) {
+  check_owner(*channel_, id, "CmEventPump::hold_acks", "cm_id");
   const std::string label = id.label();
   {
     std::lock_guard lock(state_->mu);
@@ -507,6 +509,8 @@ size_t CmEventPump::held_acks(uint64_t id_object) const {
 }
 
 void CmEventPump::watch(const CmId& id, CmHandler handler) {
+  // Another channel's events never come here: its ids cannot be watched.
+  check_owner(*channel_, id, "CmEventPump::watch", "cm_id");
   if (!handler) throw Error("CmEventPump::watch", EINVAL, "empty handler");
   if (id.destroyed()) throw Error("CmEventPump::watch", EBADF, id.label() + " destroyed");
   const std::string label = id.label();
@@ -612,6 +616,7 @@ CmPumpStats CmEventPump::stats() const {
 }
 
 void CmEventPump::destroy_id(CmId& id, TimeNs deadline_ns) {
+  check_owner(*channel_, id, "CmEventPump::destroy_id", "cm_id");
   State& st = *state_;
   const uint64_t idn = id.id();
   const std::string label = id.label();

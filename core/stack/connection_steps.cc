@@ -118,6 +118,7 @@ CmConnection cm_connect(CmEventPump& pump, const CmEndpointSpec& spec, TimeNs de
 
 CmConnection cm_accept(CmEventPump& pump, std::shared_ptr<CmId> id, const CmEndpointSpec& spec) {
   if (!id) throw Error("rdma_accept", EINVAL, "no id");
+  check_owner(pump.channel(), *id, "rdma_accept", "cm_id");
   CmConnection c{std::move(id), nullptr, nullptr, nullptr};
   c.qp = c.id->qp();
   const bool made_qp = !c.qp;
@@ -134,10 +135,15 @@ CmConnection cm_accept(CmEventPump& pump, std::shared_ptr<CmId> id, const CmEndp
 
 CmEvent cm_await(CmEventPump& pump, CmId& id, CmEventType type, TimeNs deadline_ns,
                  const std::string& side, const std::vector<CmEventType>& fail_on) {
+  check_owner(pump.channel(), id, "cm_await", "cm_id");  // its events come to its own pump
   return await_event(pump, id, type, fail_on, deadline_ns, side, "rdma_get_cm_event");
 }
 
 void cm_close(CmEventPump& pump, CmConnection& conn, TimeNs deadline_ns) {
+  // The id of this pump's channel; its CQ and PD of its QP's context.
+  if (conn.id) check_owner(pump.channel(), *conn.id, "cm_close", "cm_id");
+  if (conn.qp && conn.cq) check_owner(*conn.qp, *conn.cq, "cm_close", "cq");
+  if (conn.qp && conn.pd) check_owner(*conn.qp, *conn.pd, "cm_close", "pd");
   std::exception_ptr first;  // keeps DeadlineExceeded a DeadlineExceeded
   auto step = [&first](const std::function<void()>& fn) {
     try {

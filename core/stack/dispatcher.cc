@@ -198,7 +198,8 @@ bool AsyncDispatcher::State::run_one() {
   } catch (const std::exception& ex) {
     failed = true;
     auto data = event_json(ev);
-    data["what"] = ex.what();
+    data["handler"] = e->label;  // the watched object's label, or "default"
+    data["error"] = ex.what();
     record(e->label, "handler_error", std::move(data));
   }
   record(e->label, "handler_end", event_json(ev));
@@ -323,6 +324,8 @@ void AsyncDispatcher::stop(TimeNs deadline_ns) {
 }
 
 void AsyncDispatcher::watch(const Object& obj, AsyncHandler handler) {
+  // Another context's events never come here: its objects cannot be watched.
+  check_owner(*ctx_, obj, "AsyncDispatcher::watch", object_kind(obj));
   if (!handler) throw Error("AsyncDispatcher::watch", EINVAL, "empty handler");
   if (obj.destroyed()) throw Error("AsyncDispatcher::watch", EBADF, obj.label() + " destroyed");
   auto e = std::make_shared<Entry>();
@@ -379,6 +382,7 @@ std::vector<AsyncEvent> take_events(std::deque<AsyncEvent>& fifo, uint64_t objec
 void AsyncDispatcher::destroy_object(const Object& obj,
                                      const std::function<void()>& backend_destroy,
                                      TimeNs deadline_ns) {
+  check_owner(*ctx_, obj, "destroy", object_kind(obj));  // only this context's objects
   State& st = *state_;
   const uint64_t id = obj.id();
   const std::string label = obj.label();

@@ -294,5 +294,63 @@ TEST(DispatcherTest, StopFinishesRunningHandlerAndAcksQueuedEvents) {
   EXPECT_TRUE(qp->destroyed());
 }
 
+// The error for an object of another context: EINVAL, naming the kind and both contexts.
+std::string foreign_detail(const char* kind, const Object& obj, const Context& of,
+                           const std::string& of_host, const Context& through,
+                           const std::string& through_host) {
+  return std::string(kind) + " " + obj.label() + " is of " + of.label() + " on host " + of_host +
+         ", not of " + through.label() + " on host " + through_host;
+}
+
+template <class F>
+Error error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error("none", 0, "no error");
+}
+
+TEST(DispatcherTest, RefusesObjectsOfAnotherContext) {
+  TwoHosts lab("ib");
+  auto qa = lab.create_rc(lab.a);
+  AsyncDispatcher d(lab.rt(), lab.b.ctx, &lab.history(), "b");
+  std::vector<Call> calls;
+  d.start();
+  const Error watch = error_of([&] { d.watch(*qa, slow_handler(lab.rt(), calls, 0)); });
+  EXPECT_EQ(watch.err(), EINVAL);
+  EXPECT_EQ(watch.verb(), "AsyncDispatcher::watch");
+  EXPECT_EQ(watch.detail(), foreign_detail("qp", *qa, *lab.a.ctx, "a", *lab.b.ctx, "b"));
+  const Error destroy = error_of([&] { d.destroy_qp(*qa, lab.in(kNsPerSec)); });
+  EXPECT_EQ(destroy.err(), EINVAL);
+  EXPECT_EQ(destroy.detail(), foreign_detail("qp", *qa, *lab.a.ctx, "a", *lab.b.ctx, "b"));
+  const Error cq = error_of([&] { d.destroy_cq(*lab.a.cq, lab.in(kNsPerSec)); });
+  EXPECT_EQ(cq.detail(), foreign_detail("cq", *lab.a.cq, *lab.a.ctx, "a", *lab.b.ctx, "b"));
+  EXPECT_FALSE(qa->destroyed());
+  EXPECT_TRUE(records(lab.history(), qa->label(), "destroy_begin").empty());
+  lab.lab->inject_async_event("a", AsyncEventType::QP_FATAL, qa->qp_num(), 0);
+  lab.rt().sleep_for(kNsPerMs);
+  EXPECT_EQ(d.stats().read, 0u);  // a's event is a's context's
+  d.stop(lab.in(kNsPerSec));
+}
+
+TEST(DispatcherTest, RaisingHandlerIsRecordedWithItsHandlerAndError) {
+  TwoHosts lab("ib");
+  auto qp = lab.create_rc(lab.a);
+  AsyncDispatcher d(lab.rt(), lab.a.ctx, &lab.history(), "a");
+  d.watch(*qp, [](const AsyncEvent&) { throw std::runtime_error("handler bug"); });
+  d.start();
+  lab.lab->inject_async_event("a", AsyncEventType::QP_FATAL, qp->qp_num(), 0);
+  ASSERT_TRUE(d.wait_event(qp->id(), AsyncEventType::QP_FATAL, lab.in(kNsPerSec)));
+  const auto errs = records(lab.history(), qp->label(), "handler_error");
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0].data.at("handler"), qp->label());
+  EXPECT_EQ(errs[0].data.at("error"), "handler bug");
+  EXPECT_EQ(errs[0].data.at("event"), "QP_FATAL");
+  EXPECT_EQ(d.stats().handler_errors, 1u);
+  d.stop(lab.in(kNsPerSec));
+}
+
 }  // namespace
 }  // namespace rdmalab::stack

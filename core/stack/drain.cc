@@ -165,6 +165,13 @@ void record_end(Traffic& traffic, const Qp& qp, const DrainReport& r) {
 DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq,
                      TimeNs deadline_ns, AsyncDispatcher* dispatcher, Srq* srq,
                      ErrPostPolicy err_post) {
+  // Everything of the QP's context (and the traffic's host), before the QP is touched.
+  const std::string verb = "drain";
+  check_owner(traffic.scope(), qp, verb, "qp");
+  check_owner(qp, send_cq, verb, "send_cq");
+  check_owner(qp, recv_cq, verb, "recv_cq");
+  if (srq != nullptr) check_owner(qp, *srq, verb, "srq");
+  if (dispatcher != nullptr) check_owner(qp, dispatcher->context(), verb, "dispatcher's context");
   DrainReport r;
   const TimeNs t0 = rt.now_ns();
   const std::string label = qp.label();
@@ -206,15 +213,15 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   if (rq.marker) modify_to_err(qp, notes);
   bool counting = (sq.used && !sq.marker) || (rq.used && !rq.marker);
   if (srq != nullptr) {
-    r.last_wqe_reached =
-        await_last_wqe(rt, qp, traffic, cqs, dispatcher, last_wqe_baseline, deadline_ns,
-                       overflowed, notes);
+    r.last_wqe_reached = await_last_wqe(rt, qp, traffic, cqs, dispatcher, last_wqe_baseline,
+                                        deadline_ns, overflowed, notes);
     counting = counting || !r.last_wqe_reached;
   }
   r.method = counting ? "counting" : "marker";
 
   const auto done = [&] { return queue_done(ledger, label, sq) && queue_done(ledger, label, rq); };
-  traffic.poll_until(cqs, [&] { return done() || overflowed(); }, deadline_ns);
+  traffic.poll_until(
+      cqs, [&] { return done() || overflowed(); }, deadline_ns);
   // SRQ: reap the completions already generated for this QP (bounded: CQs are finite).
   for (int i = 0; srq != nullptr && i < 1024 && !traffic.poll(recv_cq).empty(); ++i) {
   }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "rdmalab/error.h"
 #include "stack/test_lab.h"
 
 namespace rdmalab::stack {
@@ -117,8 +118,8 @@ TEST(DrainTest, CqOverflowEndsTheDrainAndIsNamed) {
     lab.cut_a_to_b();
     post_outstanding(lab, traffic, *qa);
     const TimeNs start = lab.rt().now_ns();
-    const DrainReport r = drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq,
-                                   start + 2 * kNsPerSec, &dispatcher);
+    const DrainReport r =
+        drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq, start + 2 * kNsPerSec, &dispatcher);
     EXPECT_FALSE(r.complete);
     EXPECT_EQ(r.cq_overflow, lab.a.cq->label());
     EXPECT_NE(r.detail.find(lab.a.cq->label() + " overflowed (CQ_ERR)"), std::string::npos)
@@ -189,6 +190,42 @@ TEST(SrqDrainNoDispatcherTest, FallsBackToCounting) {
   EXPECT_NE(r.detail.find("no dispatcher"), std::string::npos) << r.detail;
   EXPECT_TRUE(r.complete) << r.detail;
   EXPECT_EQ(r.flushed, 10u);
+}
+
+// A Traffic of one host takes only that host's objects; a drain only objects of its QP's context.
+TEST(TrafficTest, RefusesObjectsOfAnotherHost) {
+  TwoHosts lab("ib");
+  auto qa = lab.create_rc(lab.a);
+  CompletionLedger ledger(&lab.history(), "b");
+  Traffic traffic(lab.rt(), ledger, &lab.history(), "b");
+  const std::string of_a = " is of " + lab.a.ctx->label() + " on host a, not of host b";
+  try {
+    traffic.post_send(*qa, TwoHosts::send_wr(lab.a, 64));
+    FAIL() << "post_send took a QP of another host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EINVAL);
+    EXPECT_EQ(e.verb(), "Traffic::post_send");
+    EXPECT_EQ(e.detail(), "qp " + qa->label() + of_a);
+  }
+  try {
+    traffic.poll(*lab.a.cq);
+    FAIL() << "poll took a CQ of another host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.detail(), "cq " + lab.a.cq->label() + of_a);
+  }
+  EXPECT_EQ(ledger.check().posted, 0u);
+  CompletionLedger la(&lab.history(), "a");
+  Traffic ta(lab.rt(), la, &lab.history(), "a");
+  try {
+    drain_qp(lab.rt(), *qa, ta, *lab.b.cq, *lab.a.cq, lab.in(kNsPerSec));
+    FAIL() << "drain took a CQ of another host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.err(), EINVAL);
+    EXPECT_EQ(e.verb(), "drain");
+    EXPECT_EQ(e.detail(), "send_cq " + lab.b.cq->label() + " is of " + lab.b.ctx->label() +
+                              " on host b, not of " + lab.a.ctx->label() + " on host a");
+  }
+  EXPECT_EQ(qa->state(), QpState::RESET);
 }
 
 }  // namespace

@@ -24,6 +24,11 @@ uint64_t Traffic::prepare(uint64_t wr_id) {
   return wr_id != 0 ? wr_id : next_wr_id();
 }
 
+void Traffic::check(const Object& obj, const char* verb, const char* kind) const {
+  if (host_.empty() && history_ == nullptr) return;
+  check_owner(scope(), obj, verb, kind);
+}
+
 namespace {
 
 // Runs post; on Error removes the ledger entry (the WR never reached the queue) and rethrows.
@@ -45,6 +50,7 @@ void post_or_forget(CompletionLedger& ledger, History* history, const std::strin
 }  // namespace
 
 uint64_t Traffic::post_send(Qp& qp, SendWr wr) {
+  check(qp, "Traffic::post_send", "qp");
   wr.wr_id = prepare(wr.wr_id);
   ledger_.on_post(qp.label(), qp.qp_num(), WorkQueue::SQ, wr.wr_id, wr.signaled);
   post_or_forget(ledger_, history_, host_, qp.label(), wr.wr_id, [&] { qp.post_send(wr); });
@@ -52,6 +58,7 @@ uint64_t Traffic::post_send(Qp& qp, SendWr wr) {
 }
 
 uint64_t Traffic::post_recv(Qp& qp, RecvWr wr) {
+  check(qp, "Traffic::post_recv", "qp");
   wr.wr_id = prepare(wr.wr_id);
   ledger_.on_post(qp.label(), qp.qp_num(), WorkQueue::RQ, wr.wr_id);
   post_or_forget(ledger_, history_, host_, qp.label(), wr.wr_id, [&] { qp.post_recv(wr); });
@@ -59,6 +66,7 @@ uint64_t Traffic::post_recv(Qp& qp, RecvWr wr) {
 }
 
 uint64_t Traffic::post_srq_recv(Srq& srq, RecvWr wr) {
+  check(srq, "Traffic::post_srq_recv", "srq");
   wr.wr_id = prepare(wr.wr_id);
   ledger_.on_post(srq.label(), srq.srq_num(), WorkQueue::SRQ, wr.wr_id);
   post_or_forget(ledger_, history_, host_, srq.label(), wr.wr_id, [&] { srq.post_recv(wr); });
@@ -66,6 +74,11 @@ uint64_t Traffic::post_srq_recv(Srq& srq, RecvWr wr) {
 }
 
 std::vector<WorkCompletion> Traffic::poll(Cq& cq, int max) {
+  check(cq, "Traffic::poll", "cq");
+  return poll_one(cq, max);
+}
+
+std::vector<WorkCompletion> Traffic::poll_one(Cq& cq, int max) {
   std::vector<WorkCompletion> wcs = cq.poll(max);
   for (const auto& wc : wcs) ledger_.on_completion(wc);
   if (!wcs.empty()) {
@@ -87,7 +100,7 @@ size_t Traffic::poll_each(const std::vector<Cq*>& cqs) {
         cqs.begin() + static_cast<std::ptrdiff_t>(i)) {
       continue;
     }
-    got += poll(*cqs[i]).size();
+    got += poll_one(*cqs[i], 32).size();
   }
   return got;
 }
@@ -103,6 +116,10 @@ bool Traffic::pace(TimeNs& gap_ns, bool got, TimeNs deadline_ns) {
 
 bool Traffic::poll_until(const std::vector<Cq*>& cqs, const std::function<bool()>& pred,
                          TimeNs deadline_ns) {
+  for (const Cq* cq : cqs) {
+    if (cq == nullptr) throw Error("Traffic::poll_until", EINVAL, "no cq");
+    check(*cq, "Traffic::poll_until", "cq");
+  }
   TimeNs gap = poll_min_ns_;
   for (;;) {
     const bool got = poll_each(cqs) > 0;
@@ -112,6 +129,7 @@ bool Traffic::poll_until(const std::vector<Cq*>& cqs, const std::function<bool()
 }
 
 bool Traffic::wait_completions(Cq& cq, size_t n, TimeNs deadline_ns) {
+  check(cq, "Traffic::wait_completions", "cq");
   size_t seen = 0;
   TimeNs gap = poll_min_ns_;
   for (;;) {

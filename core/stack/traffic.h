@@ -21,6 +21,9 @@ class Traffic {
   Traffic(Runtime& runtime, CompletionLedger& ledger, History* history = nullptr,
           std::string host = "");
 
+  // A Traffic with a host takes only that host's objects (check_owner's EINVAL, before the
+  // ledger sees the WR): its history records go under that host.
+  //
   // Each assigns a fresh wr_id when wr.wr_id == 0, records the post, posts, and returns the
   // wr_id. If the provider throws, the ledger entry is removed and the Error rethrown.
   uint64_t post_send(Qp& qp, SendWr wr);
@@ -50,11 +53,15 @@ class Traffic {
   CompletionLedger& ledger() { return ledger_; }
   History* history() const { return history_; }
   const std::string& host() const { return host_; }
+  // Where its objects must be from: host() as a whole ("" = any host) of its lab.
+  Owner scope() const { return {history_, 0, "", host_}; }
   Runtime& runtime() { return runtime_; }
 
  private:
   uint64_t prepare(uint64_t wr_id);
-  size_t poll_each(const std::vector<Cq*>& cqs);  // one poll of each distinct CQ
+  void check(const Object& obj, const char* verb, const char* kind) const;
+  std::vector<WorkCompletion> poll_one(Cq& cq, int max);  // poll() without the check
+  size_t poll_each(const std::vector<Cq*>& cqs);          // one poll of each distinct CQ
   // Waits before the next poll, the gap doubling while polls come back empty; false at the
   // deadline (or when the runtime stops).
   bool pace(TimeNs& gap_ns, bool got, TimeNs deadline_ns);

@@ -49,6 +49,7 @@ class VerbsCmEventChannel final : public CmEventChannel,
   uint64_t id() const override { return id_; }
   bool destroyed() const override { return !ch_.live(); }
   std::string label() const override { return label_; }
+  Owner owner() const override { return {history_, id_, label_, host_}; }
 
   std::shared_ptr<CmId> create_id() override;
   std::optional<CmEvent> get_event(TimeNs deadline_ns) override;
@@ -106,6 +107,7 @@ class VerbsCmId final : public CmId {
   uint64_t id() const override { return id_; }
   bool destroyed() const override { return !cm_.live(); }
   std::string label() const override { return label_; }
+  Owner owner() const override { return ch_->owner(); }  // made through its event channel
 
   std::string cm_state() const override;
   std::string protocol_state() const override { return "unknown"; }

@@ -135,9 +135,13 @@ std::shared_ptr<Context> VerbsCmId::context() const {
 std::shared_ptr<Qp> VerbsCmId::create_qp(Pd& pd, const QpInitAttr& attr) {
   rdma_cm_id* id = cm_.get("rdma_create_qp");
   auto ctx = std::dynamic_pointer_cast<VerbsContext>(context());
+  if (!ctx) throw Error("rdma_create_qp", EINVAL, label_ + " has no device yet");
+  check_owner(*ctx, pd, "rdma_create_qp", "pd");  // the id's device context: its PD only
+  auto* vpd = dynamic_cast<VerbsPd*>(&pd);
+  if (vpd == nullptr) throw Error("rdma_create_qp", EINVAL, pd.label() + " is not a verbs object");
   QpInitAttr a = attr;
   a.qp_type = QpType::RC;
-  a.pd = dynamic_cast<VerbsPd&>(pd).shared_from_this();
+  a.pd = vpd->shared_from_this();
   auto qp = ctx->create_cm_qp(a, CmBinding{id, live_});
   std::lock_guard<std::mutex> lock(mu_);
   qp_ = qp;

@@ -13,6 +13,16 @@ std::shared_ptr<T> shared_of(Object& o, const std::string& verb) {
   if (v == nullptr) throw Error(verb, EINVAL, o.label() + " is not a verbs-backend object");
   return v->shared_from_this();
 }
+
+// What ibv_create_qp takes must be of this context: libibverbs would otherwise make the QP on
+// the PD's context (ibv_create_qp uses pd->context), silently.
+void check_init_attr(const Context& ctx, const QpInitAttr& a, const std::string& verb) {
+  if (a.pd) check_owner(ctx, *a.pd, verb, "pd");
+  if (a.send_cq) check_owner(ctx, *a.send_cq, verb, "send_cq");
+  if (a.recv_cq) check_owner(ctx, *a.recv_cq, verb, "recv_cq");
+  if (a.srq) check_owner(ctx, *a.srq, verb, "srq");
+  if (a.xrcd) check_owner(ctx, *a.xrcd, verb, "xrcd");
+}
 }  // namespace
 
 std::string driver_name(const std::string& device_name, const std::string& sysfs_root) {
@@ -43,6 +53,8 @@ VerbsContext::VerbsContext(ibv_device* dev, History* history, std::string host)
     : st_(std::make_shared<ContextState>(history, std::move(host))),
       id_(new_object_id()),
       label_("ctx:" + std::to_string(id_)) {
+  st_->ctx_id = id_;
+  st_->ctx_label = label_;
   st_->ctx = open_device(dev);
   opened(st_->ctx.raw());
 }
@@ -51,6 +63,8 @@ VerbsContext::VerbsContext(ibv_context* borrowed, History* history, std::string 
     : st_(std::make_shared<ContextState>(history, std::move(host))),
       id_(new_object_id()),
       label_("ctx:" + std::to_string(id_)) {
+  st_->ctx_id = id_;
+  st_->ctx_label = label_;
   st_->ctx = Handle<ibv_context>(borrowed, "ibv_close_device", [](ibv_context*) { return 0; });
   opened(borrowed);
 }
@@ -87,6 +101,7 @@ std::shared_ptr<Pd> VerbsContext::alloc_pd() {
 }
 
 std::shared_ptr<Mr> VerbsContext::reg_mr(Pd& pd, uint64_t length, uint32_t access) {
+  check_owner(*this, pd, "ibv_reg_mr", "pd");
   return adopt(
       std::make_shared<VerbsMr>(st_, shared_of<VerbsPd>(pd, "ibv_reg_mr"), length, access));
 }
@@ -96,6 +111,7 @@ std::shared_ptr<Cq> VerbsContext::create_cq(int cqe) {
 }
 
 std::shared_ptr<Srq> VerbsContext::create_srq(Pd& pd, const SrqInitAttr& attr) {
+  check_owner(*this, pd, "ibv_create_srq", "pd");
   return adopt(std::make_shared<VerbsSrq>(st_, shared_of<VerbsPd>(pd, "ibv_create_srq"), nullptr,
                                           nullptr, attr));
 }
@@ -103,6 +119,9 @@ std::shared_ptr<Srq> VerbsContext::create_srq(Pd& pd, const SrqInitAttr& attr) {
 std::shared_ptr<Srq> VerbsContext::create_srq_xrc(Pd& pd, Xrcd& xrcd, Cq& cq,
                                                   const SrqInitAttr& attr) {
   const std::string verb = "ibv_create_srq_ex";
+  check_owner(*this, pd, verb, "pd");
+  check_owner(*this, xrcd, verb, "xrcd");
+  check_owner(*this, cq, verb, "cq");
   return adopt(std::make_shared<VerbsSrq>(st_, shared_of<VerbsPd>(pd, verb),
                                           shared_of<VerbsXrcd>(xrcd, verb),
                                           shared_of<VerbsCq>(cq, verb), attr));
@@ -113,14 +132,17 @@ std::shared_ptr<Xrcd> VerbsContext::open_xrcd(const std::string& path, bool o_cr
 }
 
 std::shared_ptr<Qp> VerbsContext::create_qp(const QpInitAttr& attr) {
+  check_init_attr(*this, attr, "ibv_create_qp");
   return adopt(std::make_shared<VerbsQp>(st_, attr));
 }
 
 std::shared_ptr<Qp> VerbsContext::create_cm_qp(const QpInitAttr& attr, const CmBinding& cm) {
+  check_init_attr(*this, attr, "rdma_create_qp");
   return adopt(std::make_shared<VerbsQp>(st_, attr, cm));
 }
 
 std::shared_ptr<Qp> VerbsContext::open_qp(Xrcd& xrcd, uint32_t qp_num) {
+  check_owner(*this, xrcd, "ibv_open_qp", "xrcd");
   return adopt(std::make_shared<VerbsQp>(st_, shared_of<VerbsXrcd>(xrcd, "ibv_open_qp"), qp_num));
 }
 

@@ -32,6 +32,7 @@ class VerbsContext final : public Context {
   uint64_t id() const override { return id_; }
   bool destroyed() const override { return !st_->ctx.live(); }
   std::string label() const override { return label_; }
+  Owner owner() const override { return st_->owner(); }
 
   const DeviceCaps& caps() const override { return st_->caps; }
   Gid query_gid(uint8_t port_num, int index) const override;

@@ -27,12 +27,15 @@ struct ContextState {
       : history(h), host(std::move(host_name)), events(h, host) {}
   History* history;
   std::string host;
+  uint64_t ctx_id = 0;  // the VerbsContext's engine id and label (Owner of its objects)
+  std::string ctx_label;
   Handle<ibv_context> ctx;  // declared before events: closed after the event thread stops
   EventQueue events;
   DeviceCaps caps;
   void record(const std::string& object, const std::string& kind, nlohmann::json data) const {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
   }
+  Owner owner() const { return {history, ctx_id, ctx_label, host}; }
   // QPN -> QP label, so a completion is recorded under its QP as the model does.
   void name_qp(uint32_t qp_num, const std::string& label) {
     std::lock_guard<std::mutex> lock(qp_mu_);
@@ -71,6 +74,7 @@ class VerbsObject : public Base, public Releasable {
       : st_(std::move(st)), id_(new_object_id()), label_(prefix + ":" + std::to_string(id_)) {}
   uint64_t id() const override { return id_; }
   std::string label() const override { return label_; }
+  Owner owner() const override { return st_->owner(); }
   ContextState& context_state() const { return *st_; }
 
  protected:

@@ -79,7 +79,8 @@ class ModelLab : public Lab {
  public:
   // Runs the simulation (events and harness threads) until the virtual deadline.
   virtual void run_until(TimeNs deadline_ns) = 0;
-  void run_for(TimeNs d) { run_until(runtime().now_ns() + d); }
+  // Error(EINVAL) for a negative d (Runtime::deadline_after).
+  void run_for(TimeNs d) { run_until(runtime().deadline_after("run_for", d)); }
 
   // Schedule fn at a virtual time (a timing fault: "fire X at t").
   virtual void at(TimeNs t_ns, std::function<void()> fn) = 0;

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <string>
 
+#include "rdmalab/error.h"
 #include "rdmalab/mutation.h"
 #include "rdmalab/types.h"
 
@@ -37,9 +39,19 @@ class Runtime {
   // A planted defect (rdmalab/mutation.h) is on: only a model lab made with it says so.
   virtual bool mutated(Mutation /*m*/) const { return false; }
 
+  // Lets d ns pass. A negative d is refused (Error EINVAL), not taken as no time at all;
+  // a d past the end of the clock waits until its end.
   void sleep_for(TimeNs d) {
-    const TimeNs until = now_ns() + d;
-    wait_until([] { return false; }, until);
+    wait_until([] { return false; }, deadline_after("sleep_for", d));
+  }
+
+  // now_ns() + d for a duration a caller gave: Error(verb, EINVAL) when d is negative,
+  // clamped to the clock's end (no overflow) when it is beyond it.
+  TimeNs deadline_after(const std::string& verb, TimeNs d) const {
+    if (d < 0) throw Error(verb, EINVAL, "duration_ns = " + std::to_string(d) + " is negative");
+    const TimeNs now = now_ns();
+    return d > std::numeric_limits<TimeNs>::max() - now ? std::numeric_limits<TimeNs>::max()
+                                                        : now + d;
   }
 
   // How often a harness loop that blocks in a read (rdma_get_cm_event, ibv_get_async_event)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmalab/error.h"
 #include "rdmalab/types.h"
 
 namespace rdmalab {
@@ -24,6 +25,17 @@ class Cq;
 class Srq;
 class Xrcd;
 
+// Where an object was made: the context (verbs objects) or event channel (cm ids) it came
+// through, with that one's host and lab; a context or a channel is its own owner. A uverbs or
+// ucma handle means nothing outside the file that made it, so every API that takes an object
+// checks it was made where it is used (check_owner below).
+struct Owner {
+  const void* lab = nullptr;  // the lab's identity: compared, never dereferenced
+  uint64_t id = 0;            // engine id of the context or channel; 0: a host as a whole
+  std::string label;          // "ctx:3", "cm_channel:5"; "" for a host as a whole
+  std::string host;
+};
+
 class Object {
  public:
   virtual ~Object() = default;
@@ -31,7 +43,32 @@ class Object {
   virtual bool destroyed() const = 0;
   // "qp:7" etc.: the name the history uses for this object.
   virtual std::string label() const = 0;
+  // The context or channel it was made through (a destroyed object still says).
+  virtual Owner owner() const = 0;
 };
+
+// The kind an object's label names: "qp" for "qp:7".
+inline std::string object_kind(const Object& obj) {
+  std::string label = obj.label();
+  return label.substr(0, label.find(':'));
+}
+
+// The one error for an object used through a context, channel or host it was not made
+// through: Error(verb, EINVAL, "<kind> <label> is of <ctx:3> on host <a>, not of <ctx:9> on
+// host <b>") ("not of host b" where a host as a whole is the scope; "... (another lab)" when
+// the labels match across labs). kind is the object's role in the call: "pd", "send_cq",
+// "srq", "xrcd", "qp", "cm_id", ...
+Error foreign_object_error(const std::string& verb, const std::string& kind,
+                           const std::string& label, const Owner& of, const Owner& where);
+// Throws foreign_object_error unless obj was made through `where`: the same context or channel
+// (where.id != 0), or anything on where.host (where.id == 0, host set; nothing if unset).
+void check_owner(const Owner& where, const Object& obj, const std::string& verb,
+                 const std::string& kind);
+// The same, through an object: a context or channel (itself), or any object (its owner).
+inline void check_owner(const Object& through, const Object& obj, const std::string& verb,
+                        const std::string& kind) {
+  check_owner(through.owner(), obj, verb, kind);
+}
 
 class Pd : public Object {
  public:
@@ -66,7 +103,7 @@ class Srq : public Object {
   virtual void post_recv(const RecvWr& wr) = 0;
   virtual void arm_limit(uint32_t srq_limit) = 0;  // ibv_modify_srq(IBV_SRQ_LIMIT)
   virtual uint32_t limit() const = 0;
-  virtual uint32_t outstanding() const = 0;  // receive WQEs posted and not consumed
+  virtual uint32_t outstanding() const = 0;      // receive WQEs posted and not consumed
   virtual void destroy(TimeNs deadline_ns) = 0;  // ibv_destroy_srq; waits for acks (see Qp)
 };
 
