@@ -250,10 +250,17 @@ class CmChannel:
 
     def release_acks(self, cm_id: "CmId") -> int:
         """Acks cm_id's held events and stops holding; returns how many it acked."""
+        self._mine(cm_id, "CmEventPump::release_acks")
         return self._run(self._pump.release_acks, cm_id.id)
 
     def held_acks(self, cm_id: "CmId") -> int:
+        self._mine(cm_id, "CmEventPump::held_acks")
         return self._pump.held_acks(cm_id.id)
+
+    def _mine(self, cm_id: "CmId", verb: str) -> None:
+        """The pump takes these by id number: the engine's check_owner first, the one error
+        for an id of another channel (README "Misuse")."""
+        _core.check_owner(self._o, unwrap(cm_id), verb, "cm_id")
 
     def close(self, timeout_ns: int = sec(1)) -> None:
         """Destroys every live id (with its QP, CQ and PD), stops the pump and destroys the

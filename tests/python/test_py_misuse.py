@@ -174,6 +174,10 @@ def test_cm_pump_refuses_ids_of_another_channel(lab):
     with pytest.raises(rdmalab.Error) as info:
         chb.hold_acks(id_a)
     assert_foreign(info, "CmEventPump::hold_acks", "cm_id", id_a, a, b)
+    for verb in ("release_acks", "held_acks"):  # these pass the engine an id number only
+        with pytest.raises(rdmalab.Error) as info:
+            getattr(chb, verb)(id_a)
+        assert_foreign(info, f"CmEventPump::{verb}", "cm_id", id_a, a, b)
     with pytest.raises(rdmalab.Error) as info:
         chb._pump.destroy_id(id_a._o, lab.now_ns + ms(1))
     assert_foreign(info, "CmEventPump::destroy_id", "cm_id", id_a, a, b)
