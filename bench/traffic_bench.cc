@@ -973,11 +973,15 @@ json run_server_session(const Options& o, Control& ctl, const Params& p) {
 // ---- --role micro: the engine's own CPU work per WR, over a stand-in provider ---------------
 
 // A QP whose posts complete at once on its CQ (the provider's work left out).
+// Host "a"'s context, as the Traffic below is host "a"'s (it refuses another host's objects).
+const Owner kStandInOwner{nullptr, 0, "ctx:0", "a"};
+
 class StandInCq final : public Cq {
  public:
   uint64_t id() const override { return 1; }
   bool destroyed() const override { return false; }
   std::string label() const override { return "cq:1"; }
+  Owner owner() const override { return kStandInOwner; }
   int cqe() const override { return 4096; }
   std::vector<WorkCompletion> poll(int max) override {
     std::vector<WorkCompletion> out;
@@ -997,6 +1001,7 @@ class StandInQp final : public Qp {
   uint64_t id() const override { return 2; }
   bool destroyed() const override { return false; }
   std::string label() const override { return "qp:2"; }
+  Owner owner() const override { return kStandInOwner; }
   uint32_t qp_num() const override { return 17; }
   QpType qp_type() const override { return QpType::RC; }
   QpState state() const override { return QpState::RTS; }
