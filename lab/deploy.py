@@ -201,6 +201,8 @@ def _tarball(b: Bundle) -> Path:
 # -- what runs on the host ----------------------------------------------------------------------
 
 UNPACK_FAILED = 20
+PREPARE_FAILED = 21
+INSTALLED = "RDMALAB-AGENT-INSTALLED"  # the probe's word for "there, and it loads"
 # Does the deployed package load with this interpreter? Exit 0: yes; 3: the engine does not fit
 # (absent for this Python, or its ImportError: bad ELF, undefined symbol, missing soname);
 # 5: a runtime dependency of the agent is missing; anything else: the package itself is broken.
@@ -353,31 +355,41 @@ class Installed:
 
 
 def ensure_agent(machine: Machine, repo: Path, agent_dir: str = AGENT_DIR,
-                 log: Log = print) -> Installed:
+                 log: Log = print, loaded_before: str = "") -> Installed:
     """The controller's agent on the host, installed if missing: one round trip when the host
-    has it already."""
+    has it already. loaded_before: a version whose copy (the controller's engine, not one built
+    there) an agent already ran from on this host, e.g. before a reboot emptied its tmpfs: when
+    it is this bundle's, a new copy is checked for its files only, not imported (seconds on a
+    TCG guest); the agent's own start imports it (open_agent_channel says if that fails)."""
     b = bundle(repo)
     v = f"{agent_dir}/{b.version}"
     q = shlex.quote
-    # A host build leaves build.log beside READY; a copy does not.
-    probe = machine.run(f"test -f {q(v)}/READY && " + _py(FIT_CHECK, v)
-                        + f" && {{ test -f {q(v)}/build.log && echo BUILT-ON-HOST; true; }}",
-                        timeout=60)
-    if probe.rc == 0 and not probe.timed_out:
-        return Installed(v, b.version, built_on_host="BUILT-ON-HOST" in probe.out, copied=False)
-
-    t0 = time.monotonic()
-    tarball = _tarball(b)
     tmp = f"{v}.tmp"
-    _ok(machine, f"mkdir -p {q(agent_dir)} && rm -rf {q(tmp)} {q(v)} && mkdir {q(tmp)}",
-        "prepare the agent directory")
+    prepare = f"mkdir -p {q(agent_dir)} && rm -rf {q(tmp)} {q(v)} && mkdir {q(tmp)}"
+    # One round trip either way (each is seconds to a TCG guest): the install is there and
+    # loads, or the directory is made ready for a copy (after a guest's reboot its tmpfs has
+    # nothing). A host build leaves build.log beside READY; a copy does not.
+    t0 = time.monotonic()
+    probe = machine.run(f"if test -f {q(v)}/READY && " + _py(FIT_CHECK, v) + "; then "
+                        f"{{ test -f {q(v)}/build.log && echo BUILT-ON-HOST; echo {INSTALLED}; }}"
+                        f"; else {prepare} || exit {PREPARE_FAILED}; fi", timeout=60)
+    if probe.rc == 0 and not probe.timed_out and INSTALLED in probe.out.split():
+        return Installed(v, b.version, built_on_host="BUILT-ON-HOST" in probe.out, copied=False)
+    if probe.timed_out or probe.rc != 0:  # a probe that hung, or the directory not made
+        _ok(machine, prepare, "prepare the agent directory")
+
+    tarball = _tarball(b)
     try:
         machine.copy_to(str(tarball), f"{tmp}/bundle.tar.gz", timeout=600)
     except Exception as e:
         raise DeployError(f"{machine.name}: copying the rdmalab agent to {tmp} failed: {e}") from e
-    # Unpacked under .tmp and renamed whole; READY only once the engine loads.
+    # Unpacked under .tmp and renamed whole; READY only once the engine loads (or, for a
+    # version that loaded here before, once it is there).
+    check = (f"test -f {q(v)}/rdmalab/{q(Path(b.engine).name)} || "
+             f"{{ echo 'no engine {Path(b.engine).name} in the copy'; exit 3; }}"
+             if loaded_before == b.version else _py(FIT_CHECK, v))
     r = machine.run(f"{{ cd {q(tmp)} && tar -xzf bundle.tar.gz && rm bundle.tar.gz && "
-                    f"mv {q(tmp)} {q(v)}; }} || exit {UNPACK_FAILED}; " + _py(FIT_CHECK, v)
+                    f"mv {q(tmp)} {q(v)}; }} || exit {UNPACK_FAILED}; " + check
                     + f" && touch {q(v)}/READY", timeout=300)
     log(f"{machine.name}: rdmalab agent {b.version} copied to {v} "
         f"({tarball.stat().st_size / 1e6:.1f} MB, {time.monotonic() - t0:.1f} s)")

@@ -83,6 +83,9 @@ class AgentPool:
         self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
         self.leaks: list[str] = []  # what health checks after a lab found left behind
         self._installed: dict[str, object] = {}  # machine name -> lab.deploy.Installed
+        # machine name -> the version whose copy of the controller's engine an agent loaded
+        # there (kept across reboots: a copy shipped again needs no import to be trusted)
+        self._loaded: dict[str, str] = {}
         self.kernels: dict[str, str] = {}  # machine name -> `uname -r` at its agent's start
         try:
             for m in self.machines:  # inventory_pool health-checked them as it chose them
@@ -127,39 +130,70 @@ class AgentPool:
 
     def start_agent(self, machine) -> Agent:
         """A new agent (its own python process) on machine, over a new SSH session, from the
-        controller's own version of the package shipped there (lab.deploy)."""
+        controller's own version of the package shipped there (lab.deploy). The install this
+        pool made there is started without a check first; where that fails (gone with a
+        reboot's fresh tmpfs: "no rdmalab agent deployed at ...", replaced, a gateway that
+        died) the install is checked and shipped again. A reboot the pool knows of
+        (replace_agent, restart) forgets the install instead: it is checked before any start."""
         import execnet
         _repo_on_path()
         from lab import deploy
+        cached = self._installed.get(machine.name)
+        if cached is not None:
+            gw = execnet.makegateway(machine.execnet_spec())
+            try:
+                channel = deploy.open_agent_channel(gw, cached.path, cached.version,
+                                                    machine.name)
+            except (deploy.DeployError, EOFError, OSError, execnet.RemoteError) as e:
+                # Not WallClockTimeout or KeyboardInterrupt: those end the start.
+                gw.exit()
+                self._installed.pop(machine.name, None)
+                self.log(f"{machine.name}: the agent installed at {cached.path} does not start "
+                         f"({str(e).strip()[:300]}); checking it and shipping it again")
+            except BaseException:
+                gw.exit()
+                raise
+            else:
+                return self._serve_agent(gw, machine, channel, cached)
+        # Outside the handler above: an error from here on is not chained to why the old
+        # install did not start, and the pool's log says the install was shipped.
+        inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir, log=self.log,
+                                   loaded_before=self._loaded.get(machine.name, ""))
+        self._installed[machine.name] = inst
         gw = execnet.makegateway(machine.execnet_spec())
         try:
-            channel = None
-            cached = self._installed.get(machine.name)
-            if cached is not None:
-                try:
-                    channel = deploy.open_agent_channel(gw, cached.path, cached.version,
-                                                        machine.name)
-                except deploy.DeployError:  # gone with a reboot (a tmpfs): ship again
-                    self._installed.pop(machine.name)
-                    gw.exit()
-                    gw = execnet.makegateway(machine.execnet_spec())
-            if channel is None:
-                inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir,
-                                           log=self.log)
-                self._installed[machine.name] = inst
-                channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
+            channel = deploy.open_agent_channel(gw, inst.path, inst.version, machine.name)
+        except BaseException:
+            gw.exit()
+            raise
+        return self._serve_agent(gw, machine, channel, inst)
+
+    def _serve_agent(self, gw, machine, channel, inst) -> Agent:
+        """The agent started on gw's channel (from install inst), set up for machine."""
+        try:
             agent = Agent.start(gw, machine.name, channel=channel)
             progress.forward(agent)  # its CM waits say what they wait for, here
             if machine.facts.device:  # the host's own device, where the kernel lists more
                 agent.module("os").environ["RDMALAB_DEVICES"] = machine.facts.device
-            self.kernels[machine.name] = machine.run("uname -r", 30).out.strip()
+            # `uname -r` from the agent just started: not one more SSH session (seconds to a
+            # TCG guest, on every start after a reboot).
+            self.kernels[machine.name] = str(agent.module("os").uname().release)
+            if not inst.built_on_host:  # the controller's engine loaded there
+                self._loaded[machine.name] = inst.version
             return agent
         except BaseException:
             gw.exit()
             raise
 
+    def forget_install(self, machine) -> None:
+        """The machine was powered off: what this pool installed there may be gone (a guest's
+        agent_dir is on a tmpfs), so the next start checks it (lab.deploy.ensure_agent: one
+        round trip where it is still there) instead of starting it blind."""
+        self._installed.pop(machine.name, None)
+
     def replace_agent(self, old: Agent, machine) -> Agent:
         """A fresh agent on machine (after a reboot) in old's place."""
+        self.forget_install(machine)
         new = self.start_agent(machine)
         self.agents[self.agents.index(old)] = new
         return new
@@ -172,7 +206,7 @@ class AgentPool:
         if m.can_power:
             m.power_cycle()
         m.wait_ready(180.0)
-        self._installed.pop(m.name, None)
+        self.forget_install(m)
         self._ready(m)
         self.used[m.name] = 0
         self.agents[i] = self.start_agent(m)
@@ -1306,14 +1340,19 @@ class AgentLab:
         time.sleep(down_ns / 1e9)
         m.power_on()
         boot_s = m.wait_ready(boot_deadline_s)
-        new = self.pool.replace_agent(agent, m)
+        t_agent = time.monotonic()
+        new = self.pool.replace_agent(agent, m)  # checks the install: a reboot may wipe it
+        inst = self.pool._installed.get(m.name)
+        agent_s = time.monotonic() - t_agent
         self.pool.warm_data_path([m])
         new.new_lab(self.seed, name, self.addresses)
         self.pool.used[m.name] = 1  # this lab, on a fresh boot
         with self._lock:
             self._agents[name] = new
             self._sealed.discard(name)  # the new agent's records, from its seq 0
-        self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3))
+        self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3),
+                    agent_s=round(agent_s, 3),
+                    agent_shipped=bool(inst is not None and getattr(inst, "copied", False)))
 
     def write_history(self, path: Union[str, os.PathLike]) -> None:
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)

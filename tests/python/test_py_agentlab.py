@@ -95,3 +95,30 @@ def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
         agentlab.inventory_pool(str(path), hosts=3)
     assert HELD == {"s1-vm2"}  # nothing kept by the failed attempt
     assert names(agentlab.inventory_pool(str(path), hosts=2)) == ["s2-vm1", "s2-vm2"]
+
+
+def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
+    """cm_timing on an agent lab (its tolerance_ns and timer_slack_ns): a span through several
+    hosts may be late by the time each stood still in it (their StallMeters, summed), and the
+    failure message says how long each did; with no stall the bound is the same as before."""
+    from rdmalab.cm_timing import late_bound_ns, late_span_bound_ns, stalled_ns, stood_still
+
+    stalls = {"a": [(1_000, 1_500)], "b": [(1_200, 2_000), (9_000, 9_100)]}
+
+    class Lab:
+        tolerance_ns = agentlab.AgentLab.tolerance_ns
+        timer_slack_ns = agentlab.AgentLab.timer_slack_ns
+
+        def stalled_ns(self, host, start, end):
+            return sum(max(0, min(end, hi) - max(start, lo)) for lo, hi in stalls[host])
+
+    lab = Lab()
+    assert stalled_ns(lab, "a", 0, 5_000) == 500 and stalled_ns(lab, ("a", "b"), 0, 5_000) == 1_300
+    assert late_span_bound_ns(lab, ("a", "b"), 0, 5_000, 10) == 10 + lab.tolerance_ns + 1_300
+    assert late_span_bound_ns(lab, "b", 3_000, 5_000, 10) == 10 + lab.tolerance_ns  # none there
+    assert late_bound_ns(lab, "b", 0, 10_000, 10, timers=2) == 10 + 2 * lab.timer_slack_ns + 900
+    assert late_bound_ns(lab, "a", 0, 5_000, 10) == 10 + lab.timer_slack_ns + 500  # as before
+    assert stood_still(lab, ("a", "b"), 0, 5_000) == \
+        "host a stood still 0.0 ms, host b stood still 0.0 ms"  # 500 ns, 800 ns: ms shown
+    stalls["a"] = [(0, 740_200_000)]
+    assert stood_still(lab, "a", 0, 10**9) == "host a stood still 740.2 ms"

@@ -140,6 +140,20 @@ def test_ensure_agent_installs_once_then_is_one_round_trip(tmp_path):
     assert f"model lab ok {first.version}" in r.stdout
 
 
+def test_a_version_that_loaded_there_before_is_copied_in_two_round_trips(unfit_repo, tmp_path):
+    """After a reboot emptied the host's agent_dir, the pool ships again the version an agent
+    ran from before (loaded_before): the probe that finds nothing makes the directory, and the
+    copy is checked for its files, not imported (each import of the engine takes seconds on a
+    TCG guest; the agent's own start imports it)."""
+    m = CountingMachine("h9")
+    version = bundle(unfit_repo).version  # its engine loads nowhere: an import would fail
+    got = ensure_agent(m, unfit_repo, agent_dir=str(tmp_path), log=lambda s: None,
+                       loaded_before=version)
+    assert got == deploy.Installed(f"{tmp_path}/{version}", version, False, copied=True)
+    assert len(m.runs) == 2 and len(m.copies) == 1, m.runs
+    assert (tmp_path / version / "READY").exists()
+
+
 def test_a_half_installed_version_is_redone(tmp_path):
     version = bundle(REPO).version
     # A copy that stopped before READY, and a .tmp left by an interrupted unpack.
@@ -257,3 +271,143 @@ def test_an_engine_that_does_not_fit_is_built_on_the_host(unfit_repo, tmp_path):
     m.copies.clear()
     again = ensure_agent(m, unfit_repo, agent_dir=str(tmp_path), log=logs.append)
     assert again.built_on_host and not again.copied and len(m.runs) == 1 and not m.copies
+
+
+# -- the agent pool (rdmalab.agentlab) after a reboot wiped the install ---------------------------
+
+class TmpfsMachine(CountingMachine):
+    """This machine as a host whose agent_dir is on a tmpfs, as a VM lab guest's is: powering
+    it off wipes what was shipped there (a reboot's fresh tmpfs). It has power commands."""
+
+    def __init__(self, name: str, agent_dir: Path):
+        super().__init__(name)
+        self.agent_dir, self.boots = agent_dir, 0
+
+    @property
+    def can_power(self) -> bool:
+        return True
+
+    def power_off(self) -> None:
+        shutil.rmtree(self.agent_dir, ignore_errors=True)
+
+    def power_on(self) -> None:
+        self.boots += 1
+
+    def power_cycle(self) -> None:
+        self.power_off()
+        self.power_on()
+
+
+@pytest.fixture
+def pool_on(tmp_path, monkeypatch):
+    """(pool on one TmpfsMachine "h8", its agent_dir, the pool's log, the paths the pool
+    started agents from); the pool is closed after the test."""
+    pytest.importorskip("execnet", reason="python3-execnet is not installed")
+    pytest.importorskip("rpyc", reason="python3-rpyc is not installed")
+    from rdmalab import agentlab
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the agent sees the shipped copy only
+    monkeypatch.chdir(tmp_path)
+    started: list[str] = []
+    real_open = deploy.open_agent_channel
+
+    def open_agent_channel(gw, path, version, host, timeout=120.0):
+        started.append(path)
+        return real_open(gw, path, version, host, timeout)
+
+    monkeypatch.setattr(deploy, "open_agent_channel", open_agent_channel)
+    agents = tmp_path / "agents"
+    logs: list[str] = []
+    pool = agentlab.AgentPool([TmpfsMachine("h8", agents)], description="local:h8",
+                              agent_dir=str(agents), log=logs.append)
+    try:
+        yield pool, agents, logs, started
+    finally:
+        pool.close()
+
+
+def shipped(logs) -> int:
+    return sum(" copied to " in line for line in logs)
+
+
+def runs_from(agent, agents: Path) -> str:
+    """The deployed version directory agent's package was imported from."""
+    path = Path(agent.module("rdmalab").__file__)
+    assert path.is_relative_to(agents), f"the agent runs {path}, not a copy under {agents}"
+    return path.parents[1].name
+
+
+def test_the_pool_ships_the_agent_again_where_its_install_is_gone(pool_on):
+    """A reboot the pool was not told of (an agent started for a killable process after the
+    host rebooted, a host restarted by hand): the install it made is gone, as a guest's tmpfs
+    is after a reboot. The start from its old path fails ("no rdmalab agent deployed at"), and
+    the pool ships the agent again and starts it from the new copy."""
+    pool, agents, logs, started = pool_on
+    m = pool.machines[0]
+    version = runs_from(pool.agents[0], agents)
+    assert shipped(logs) == 1
+    pool.agents[0].close()
+    m.power_cycle()
+    assert not agents.exists()
+    pool.agents[0] = pool.start_agent(m)
+    assert runs_from(pool.agents[0], agents) == version and (agents / version / "READY").exists()
+    assert shipped(logs) == 2, logs
+    assert any("does not start (host h8: " in line and "no rdmalab agent deployed at" in line
+               for line in logs), logs
+    assert started == [str(agents / version)] * 3  # the first start, the blind one, the new one
+
+
+def test_a_reboot_fault_ships_the_agent_the_reboot_wiped(pool_on):
+    """lab.faults.reboot on a host whose agent_dir the reboot wipes: the pool forgets its
+    install at the power-off, checks the host once it is back and ships the agent again; it
+    never starts the agent blind from the path the reboot emptied. The history says so."""
+    pool, agents, logs, started = pool_on
+    m = pool.machines[0]
+    version = runs_from(pool.agents[0], agents)
+    with pool.lab(seed=1, hosts=["a"]) as lab:
+        started.clear()
+        m.runs.clear()
+        lab.faults.reboot("a", 0)
+        assert m.boots == 1 and shipped(logs) == 2, logs
+        # The probe that found nothing made the directory; the copy of the version an agent
+        # loaded before the reboot was not imported again (the agent's start does that).
+        ship = [r for r in m.runs if deploy.INSTALLED in r or "tar -xzf" in r]
+        assert len(ship) == 2 and "import rpyc" not in ship[1], ship
+        assert started == [str(agents / version)], "one start, from the copy just shipped"
+        assert not any("does not start" in line for line in logs), logs
+        assert runs_from(lab.agent_for("a"), agents) == version
+        assert lab.host("a").devices == lab.agent_for("a").lab.host("a").devices
+        back = [r["data"] for r in lab.history() if r["kind"] == "host_back"]
+        assert len(back) == 1 and back[0]["agent_shipped"] is True, back
+    started.clear()
+    pool.restart(0)  # a heal: powered off and on again, the same
+    assert m.boots == 2 and shipped(logs) == 3 and started == [str(agents / version)]
+    assert runs_from(pool.agents[0], agents) == version
+
+
+def test_a_cached_start_that_fails_otherwise_ships_again_and_a_timeout_ends_it(pool_on,
+                                                                              monkeypatch):
+    """Not only DeployError: a gateway that dies as the old install is started (EOFError,
+    OSError) is shipped past too; the run's wall-clock safety net is not swallowed."""
+    from rdmalab.errors import WallClockTimeout
+    pool, agents, logs, started = pool_on
+    m = pool.machines[0]
+    real_open = deploy.open_agent_channel
+    fail_next: list[BaseException] = []
+
+    def flaky_open(gw, path, version, host, timeout=120.0):
+        if fail_next:
+            raise fail_next.pop()
+        return real_open(gw, path, version, host, timeout)
+
+    monkeypatch.setattr(deploy, "open_agent_channel", flaky_open)
+    pool.agents[0].close()
+    fail_next.append(EOFError("agent channel closed"))
+    pool.agents[0] = pool.start_agent(m)  # the blind start failed: checked, still there
+    assert shipped(logs) == 1 and any("does not start (agent channel closed)" in line
+                                      for line in logs), logs
+    runs_from(pool.agents[0], agents)
+    pool.agents[0].close()
+    fail_next.append(WallClockTimeout("ran longer than 180 s"))
+    with pytest.raises(WallClockTimeout):
+        pool.start_agent(m)
+    assert pool._installed.get(m.name) is not None  # nothing learnt: the install stays known

@@ -27,6 +27,22 @@ def ib_lab(seed=1, pers="ib"):
     return rdmalab.model_lab(seed=seed, hosts={"a": pers, "b": pers})
 
 
+def connect_control(ctl, proc, deadline_s=DEADLINE_S) -> SwitchControl:
+    """The switch's control socket once it accepts. Its file appears at bind(), before the
+    switch's listen(): a connect in between is refused (ECONNREFUSED), one before the bind finds
+    no file (ENOENT); both are retried until the deadline or the switch's exit."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return SwitchControl(str(ctl))
+        except SwitchError as e:
+            if not isinstance(e.__cause__, (ConnectionRefusedError, FileNotFoundError)):
+                raise
+            assert proc.poll() is None, f"the switch exited (rc {proc.returncode}): {e}"
+            assert time.monotonic() < end, f"the switch did not accept within {deadline_s} s: {e}"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def switch(tmp_path):
     """The real fault switch with hosts a and b on two fake VM sockets: (control, send(frame)),
@@ -45,11 +61,7 @@ def switch(tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     control = None
     try:
-        end = time.monotonic() + DEADLINE_S
-        while not ctl.exists():
-            assert time.monotonic() < end and proc.poll() is None, "the switch did not start"
-            time.sleep(0.01)
-        control = SwitchControl(str(ctl))
+        control = connect_control(ctl, proc)
         control.request("hosts", hosts={"a": {"mac": MAC_A}, "b": {"mac": MAC_B}})
 
         def send(frame):
@@ -64,6 +76,28 @@ def switch(tmp_path):
         proc.wait(timeout=DEADLINE_S)
         for s in ends.values():
             s.close()
+
+
+def test_the_control_socket_is_connected_once_it_listens_not_once_its_file_exists(tmp_path):
+    """The window the fixture used to hit under load: the file is there, nothing listens yet."""
+    import threading
+    ctl = tmp_path / "sw.ctl"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(ctl))  # the file exists: a connect now is refused
+    with pytest.raises(SwitchError) as refused:
+        SwitchControl(str(ctl))
+    assert isinstance(refused.value.__cause__, ConnectionRefusedError)
+    later = threading.Timer(0.2, srv.listen, args=(1,))
+    later.start()
+    try:
+        control = connect_control(ctl, SimpleNamespace(poll=lambda: None, returncode=None))
+        control.close()
+        with pytest.raises(AssertionError, match="did not accept within"):
+            connect_control(tmp_path / "none.ctl", SimpleNamespace(poll=lambda: None),
+                            deadline_s=0.05)
+    finally:
+        later.join()
+        srv.close()
 
 
 # Each key of the switch beside cm="REQ": what the REQ from a to b is, and what it is not.
