@@ -9,7 +9,8 @@ import time
 import pytest
 
 from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, checks, ms, sec
-from rdmalab.cm_timing import IbCmTiming, late_bound_ns, tcp_syn_give_up_range_ns
+from rdmalab.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, late_bound_ns,
+                                late_span_bound_ns, stood_still, tcp_syn_give_up_range_ns)
 from rdmalab.findings import release_version
 from rdmalab.resources import CmPair
 
@@ -24,6 +25,15 @@ def is_iwarp(lab):
     return lab.host("a").caps().transport == "iWARP"
 
 
+def assert_soon(lab, ev, what, t0, bound_ns, hosts=("a", "b")):
+    """ev came within bound_ns of t0: exactly on the model; on a device + lab.tolerance_ns and
+    the time the hosts stood still in between (late_span_bound_ns), said in the message."""
+    took, late = ev.t_ns - t0, late_span_bound_ns(lab, hosts, t0, ev.t_ns, bound_ns)
+    assert took <= late, \
+        f"{what}: {ev.name} {took / 1e6:.1f} ms later; at most {late / 1e6:.1f} ms " \
+        f"({bound_ns / 1e6:.0f} ms + tolerance + stall: {stood_still(lab, hosts, t0, ev.t_ns)})"
+
+
 def test_connect_and_disconnect(lab):
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn
@@ -34,9 +44,13 @@ def test_connect_and_disconnect(lab):
 
     t0 = lab.now_ns
     client.disconnect()
-    server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+    # Generous waits, bounds after (with the time the hosts stood still): assert_soon.
+    sev = server.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS)
+    assert_soon(lab, sev, "b after a's rdma_disconnect", t0, ms(100))
+    t1 = lab.now_ns
     server.disconnect()
-    client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+    assert_soon(lab, client.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS),
+                "a after b's rdma_disconnect", t1, ms(100))
     if is_iwarp(lab):
         lab.run_for(sec(5))
         # iWARP: only CLOSE reaches rdma_cm users; never TIMEWAIT_EXIT (iwcm.c, cma_iw_handler).
@@ -50,13 +64,14 @@ def test_connect_and_disconnect(lab):
             bound = late_bound_ns(lab, host, w0, ev.t_ns, timing.timewait_ns + ms(10))
             assert ev.t_ns - w0 <= bound, \
                 f"{host}: TIMEWAIT_EXIT {(ev.t_ns - w0) / 1e6:.1f} ms after DISCONNECTED; at " \
-                f"most {bound / 1e6:.1f} ms (the wheel's TIMEWAIT + slack + stall)"
+                f"most {bound / 1e6:.1f} ms (the wheel's TIMEWAIT + slack + stall: " \
+                f"{stood_still(lab, host, w0, ev.t_ns)})"
         assert names(client) == ["ADDR_RESOLVED", "ROUTE_RESOLVED", "ESTABLISHED",
                                  "DISCONNECTED", "TIMEWAIT_EXIT"]
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED",
                                  "TIMEWAIT_EXIT"]
         # A clean disconnect is quick: DISCONNECTED within a round trip, not a timeout.
-        assert client.events[3].t_ns - t0 < ms(10) + lab.tolerance_ns
+        assert_soon(lab, client.events[3], "a after its rdma_disconnect", t0, ms(10))
     assert all(e.status == 0 for e in [*client.events, *server.events])
     caps = lab.host("a").caps()
     if caps.reports_qp_state:  # siw does not (test_qp_state)
@@ -99,10 +114,13 @@ def test_user_moving_the_qp_to_err_ends_only_an_iwarp_connection(lab):
     client, server = pair.client.conn, pair.server.conn
     before = (names(client), names(server))
     pair.client.qp.modify(qp_state="ERR")
+    t0 = lab.now_ns
     if is_iwarp(lab):
-        cev = client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
-        sev = server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        cev = client.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS)
+        sev = server.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS)
         print(f"DISCONNECTED status: client {cev.status}, server {sev.status}")
+        for ev, who in ((cev, "a"), (sev, "b")):
+            assert_soon(lab, ev, f"{who} after a's QP went to ERR", t0, ms(100))
     else:
         lab.run_for(ms(500))  # a DREQ would reach the peer within a round trip
         assert (names(client), names(server)) == before
@@ -117,9 +135,11 @@ def test_destroying_a_connected_qp_ends_only_an_iwarp_connection(lab):
     client, server = pair.client.conn, pair.server.conn
     before = (names(client), names(server))
     pair.client.qp.destroy()
+    t0 = lab.now_ns
     if is_iwarp(lab):
-        client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
-        server.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        for conn, who in ((client, "a"), (server, "b")):
+            assert_soon(lab, conn.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS),
+                        f"{who} after a's QP was destroyed", t0, ms(100))
     else:
         lab.run_for(ms(500))
         assert (names(client), names(server)) == before
@@ -143,8 +163,9 @@ def test_every_drep_dropped(lab):
         threading.Thread(target=sample_hits, args=(dreqs, stop, sends), daemon=True).start()
     t0 = lab.now_ns
     client.disconnect()
-    peer_ev = server.wait("DISCONNECTED", ms(100))
-    assert peer_ev.status == 0 and peer_ev.t_ns - t0 < ms(10) + lab.tolerance_ns
+    peer_ev = server.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS)
+    assert peer_ev.status == 0
+    assert_soon(lab, peer_ev, "b after a's rdma_disconnect", t0, ms(10))
     server.disconnect()                    # sends the DREP, which is lost
 
     # Generous waits, exact assertions after: a device that is late shows by how much.
@@ -166,7 +187,7 @@ def test_every_drep_dropped(lab):
     assert tw_lo - lab.timer_slack_ns <= timewait <= tw_bound, \
         f"TIMEWAIT lasted {timewait / 1e6:.1f} ms; the wheel gives {tw_lo / 1e6:.1f}-" \
         f"{tw_hi / 1e6:.1f} ms, at most {tw_bound / 1e6:.1f} ms with slack and the time " \
-        f"host a stood still"
+        f"host a stood still ({stood_still(lab, 'a', ev.t_ns, exit_ev.t_ns)})"
     elapsed = ev.t_ns - t0
     bound = late_bound_ns(lab, "a", t0, ev.t_ns, hi, timers=timing.attempts)
     period_lo, period_hi = timing.retry_period_range_ns
@@ -174,8 +195,8 @@ def test_every_drep_dropped(lab):
     assert lo <= elapsed <= bound, \
         f"DISCONNECTED(ETIMEDOUT) {elapsed / 1e9:.4f} s after rdma_disconnect; the kernel's " \
         f"timers give {lo / 1e9:.4f}-{hi / 1e9:.4f} s, at most {bound / 1e9:.4f} s with " \
-        f"slack and the time host a stood still; DREQ count changes (shortest, longest) ms " \
-        f"apart as sampled: {gaps}"
+        f"slack and the time host a stood still ({stood_still(lab, 'a', t0, ev.t_ns)}); DREQ " \
+        f"count changes (shortest, longest) ms apart as sampled: {gaps}"
     # Between retries the wheel's period: each gap's window (what the reads allow) must hold
     # it, give or take a timer's slack and the time host a stood still.
     stall = lab.stalled_ns("a", t0, ev.t_ns)
@@ -183,7 +204,7 @@ def test_every_drep_dropped(lab):
         assert shortest * ms(1) - lab.timer_slack_ns - stall <= period_hi and \
             period_lo <= longest * ms(1) + lab.timer_slack_ns, \
             f"DREQs {gaps} ms apart (windows as sampled); the wheel gives " \
-            f"{period_lo / 1e6:.0f}-{period_hi / 1e6:.0f} ms"
+            f"{period_lo / 1e6:.0f}-{period_hi / 1e6:.0f} ms ({stood_still(lab, 'a', t0, ev.t_ns)})"
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
@@ -268,7 +289,8 @@ def test_connect_to_a_host_that_never_answers(lab):
     bound = late_bound_ns(lab, "a", t0, t0 + took_ns, hi, timers=caps.tcp_syn_retries + 1)
     assert lo <= took_ns <= bound, \
         f"blocked {took_ns / 1e9:.3f} s, predicted {lo / 1e9:.3f}-{hi / 1e9:.3f} s, at most " \
-        f"{bound / 1e9:.3f} s with slack and the time host a stood still"
+        f"{bound / 1e9:.3f} s with slack and the time host a stood still " \
+        f"({stood_still(lab, 'a', t0, t0 + took_ns)})"
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
@@ -378,8 +400,10 @@ def test_cm_events_of_one_id_are_serialised_and_none_after_destroy(lab):
         lab.sleep(ms(2))
 
     pair.server_channel.watch(pair.server.conn, slow)
+    t0 = lab.now_ns
     pair.client.conn.disconnect()
-    pair.server.conn.wait("DISCONNECTED", ms(100))
+    assert_soon(lab, pair.server.conn.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS),
+                "b after a's rdma_disconnect", t0, ms(100))
     pair.server.conn.disconnect()
     lab.run_for(ms(1))
     pair.server.close(ms(100))

@@ -16,6 +16,7 @@ is the provider's (caps.iw_close_timeout_s):
 import pytest
 
 from rdmalab import ms, sec
+from rdmalab.cm_timing import WAIT_PAST_BOUND_NS, late_span_bound_ns, stood_still
 from rdmalab.resources import CmPair
 
 PEER_IDLE_BOUND_NS = sec(5)   # siw: how long the idle peer is watched for a close it never hears
@@ -41,8 +42,13 @@ def test_close_with_every_fin_lost(lab):
     t0 = lab.now_ns
     client.disconnect()
     if timeout_ns == 0:   # siw: the close is reported at once
-        mine = client.wait("DISCONNECTED", ms(100) + lab.tolerance_ns)
+        mine = client.wait("DISCONNECTED", ms(100) + WAIT_PAST_BOUND_NS)
         assert mine.status == 0, f"DISCONNECTED({mine.status_name})"
+        bound = late_span_bound_ns(lab, "a", t0, mine.t_ns, ms(100))
+        assert mine.t_ns - t0 <= bound, \
+            f"the closer saw DISCONNECTED {(mine.t_ns - t0) / 1e6:.1f} ms after " \
+            f"rdma_disconnect, not at once: at most {bound / 1e6:.1f} ms (100 ms + tolerance " \
+            f"+ stall: {stood_still(lab, 'a', t0, mine.t_ns)})"
         assert fins.hits >= 1, "no FIN left the closer: the fault was not exercised"
         lab.sleep(PEER_IDLE_BOUND_NS)
         assert names(server) == ["CONNECT_REQUEST", "ESTABLISHED"], \

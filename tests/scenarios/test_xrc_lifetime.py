@@ -13,6 +13,7 @@ reference). A device whose rule is unknown (a real one) reports which rule it sh
 import pytest
 
 from rdmalab import Error, ms, sec
+from rdmalab.cm_timing import late_span_bound_ns, stood_still
 from rdmalab.resources import XrcSender
 from rdmalab.stack import Traffic, bring_up, local_endpoint
 
@@ -102,7 +103,12 @@ def test_creator_killed_with_no_other_handle(lab):
         # though the worker still holds the domain; the sender retries, then gives up.
         assert statuses[0] == "RETRY_EXC_ERR", statuses
         assert all(st in ("RETRY_EXC_ERR", "WR_FLUSH_ERR") for st in statuses)
-        assert lab.now_ns - t_kill <= RETRY_BOUND_NS * 2
+        t_end = lab.now_ns
+        bound = late_span_bound_ns(lab, ("a", "b"), t_kill, t_end, RETRY_BOUND_NS * 2)
+        assert t_end - t_kill <= bound, \
+            f"RETRY_EXC_ERR {(t_end - t_kill) / 1e6:.1f} ms after the kill; at most " \
+            f"{bound / 1e6:.1f} ms (twice the retry budget + tolerance + stall: " \
+            f"{stood_still(lab, ('a', 'b'), t_kill, t_end)})"
         assert s.worker_received() == ROUND
         with pytest.raises(Error) as err:
             s.wctx.open_qp(s.wxrcd, s.tgt_qpn)
