@@ -19,6 +19,7 @@ from rdmalab.errors import Hung
 from rdmalab.pytest_plugin import final_outcome, splat_failure
 
 from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
+from test_py_rules import connect_control  # tests/python/test_py_rules.py
 
 DEADLINE_S = 10.0
 WARN_AT = "WARNING: CPU: 0 PID: 9 at drivers/infiniband/sw/rxe/rxe_comp.c:598 rxe_completer"
@@ -147,10 +148,7 @@ def switch(tmp_path):
         argv += ["--peer", str(p)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
-        end = time.monotonic() + DEADLINE_S
-        while not ctl.exists():
-            assert time.monotonic() < end and proc.poll() is None, "the switch did not start"
-            time.sleep(0.01)
+        connect_control(ctl, proc, DEADLINE_S).close()  # listening, not only bound
 
         def send(frame, host):
             ends[host].sendto(frame, str(sock))
