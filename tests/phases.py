@@ -1,6 +1,7 @@
 """`make test`'s runner: Make targets as phases in lanes, a time breakdown at the end.
 
-    python3 tests/phases.py --make make --out out/test-phases LANE:TARGET[:nice][:after=A,B][:done=A,B] ...
+    python3 tests/phases.py --make make --out out/test-phases \
+        LANE:TARGET[:nice][:after=A,B][:done=A,B][:junit=PATH,PATH][:ninja=DIR] ...
 
 Each lane runs its phases one after another, in the order given; lanes run side by side. A
 phase also waits for the phases named in after= (and is skipped when one did not pass), or in
@@ -11,6 +12,23 @@ has already run in its own order). Every phase runs even when another failed, un
 waits for failed; each has a deadline. Output: OUT/<target>.log per phase; the first lane's
 also streams to the terminal. At the end: the failed phases' logs, the last lines of the
 others', the breakdown table, OUT/phases.json. Exit status 1 when any phase did not pass.
+
+What the time went to (tests/phase_report.py), after the table, on the terminal and in
+OUT/times.md (markdown, for a README to quote): for a phase with junit=PATH,PATH (the JUnit
+files its pytest runs write, e.g. junit=out/vm-rxe/junit.xml,out/vm-rxe/junit-vm.xml) its ten
+longest testcases, each labeled device or model, and the time summed per run; for a phase with
+ninja=DIR (its CMake build folder, e.g. ninja=build-asan) the compile and link steps ninja logged
+in DIR/.ninja_log while it ran, summed per CMake target, and the three slowest. Paths are
+relative to the directory make runs in and hold no ':' (the spec's separator). A missing or
+unreadable file is one line of the report, never a failure of the run.
+
+OUT/phases.json: {"total_s", "phases": [{"target", "lane", "nice", "start_s", "seconds",
+"result"}, ...]}; a phase with junit= also has "scenarios": {"files": [{"path", "testcases",
+"problem"}], "testcases", "longest": [{"seconds", "outcome", "run", "id"}], "device" and
+"model": {"testcases", "seconds"}}, and one with ninja= "compile": {"dir", "problem", "notes",
+"steps", "sum_s", "targets": [{"target", "seconds", "steps"}], "slowest": [{"seconds",
+"target", "output"}]}. A phase that did not run (or whose files could not be measured) has
+only "problem" there ("the phase did not run"; "compile" keeps its "dir").
 """
 from __future__ import annotations
 
@@ -24,7 +42,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
+
+import phase_report
 
 TAIL_LINES = 12
 
@@ -36,6 +56,10 @@ class Phase:
     nice: bool = False
     after: list[str] = dataclasses.field(default_factory=list)
     done_after: list[str] = dataclasses.field(default_factory=list)  # ran, passed or not
+    junit: list[str] = dataclasses.field(default_factory=list)  # its JUnit files
+    ninja: Optional[str] = None  # its build folder
+    wall_start: Optional[float] = None  # time.time() at its start: JUnit files must be newer
+    compile: Optional[dict] = None  # phase_report.compile_time() at its end
     start: Optional[float] = None
     end: Optional[float] = None
     result: str = "not run"   # passed | failed (rc N) | timed out | skipped: ... | not run
@@ -56,7 +80,8 @@ def parse(specs: list[str]) -> list[Phase]:
     for spec in specs:
         fields = spec.split(":")
         if len(fields) < 2 or not fields[0] or not fields[1]:
-            raise SystemExit(f"phases: {spec!r}: expected LANE:TARGET[:nice][:after=A,B][:done=A,B]")
+            raise SystemExit(f"phases: {spec!r}: expected LANE:TARGET[:nice][:after=A,B]"
+                             "[:done=A,B][:junit=PATH,PATH][:ninja=DIR]")
         p = Phase(fields[0], fields[1])
         for opt in fields[2:]:
             if opt == "nice":
@@ -65,9 +90,13 @@ def parse(specs: list[str]) -> list[Phase]:
                 p.after = opt[6:].split(",")
             elif opt.startswith("done=") and opt[5:]:
                 p.done_after = opt[5:].split(",")
+            elif opt.startswith("junit=") and opt[6:]:
+                p.junit = opt[6:].split(",")
+            elif opt.startswith("ninja=") and opt[6:]:
+                p.ninja = opt[6:]
             else:
                 raise SystemExit(f"phases: {spec!r}: unknown option {opt!r} "
-                                 "(nice, after=A,B, done=A,B)")
+                                 "(nice, after=A,B, done=A,B, junit=PATH,PATH, ninja=DIR)")
         phases.append(p)
     names = [p.target for p in phases]
     for p in phases:
@@ -119,6 +148,8 @@ class Runner:
         argv = ["nice", "-n", "19"] if p.nice else []
         argv += self.make + ["--no-print-directory", "PHASE=1", p.target]
         stream = p.lane == self.stream_lane
+        mark = phase_report.ninja_mark(p.ninja) if p.ninja else None
+        p.wall_start = time.time()
         p.start = time.monotonic()
         self.say(f"[{p.lane}] {self.at(p.start)} {p.target}: started"
                  + (" (nice 19)" if p.nice else "") + f", log {p.log}")
@@ -141,6 +172,8 @@ class Runner:
             timed_out = proc.pid in self.timed_out
             self.procs.discard(proc)
         p.end = time.monotonic()
+        if p.ninja and mark is not None:
+            p.compile = measure(phase_report.compile_time, p.ninja, mark)
         p.result = ("passed" if rc == 0 else
                     f"timed out after {self.deadline_s:.0f} s" if timed_out else f"failed (rc {rc})")
         self.say(f"[{p.lane}] {self.at(p.end)} {p.target}: {p.result} in {p.seconds:.0f} s")
@@ -182,6 +215,22 @@ class Runner:
 
     def report(self) -> None:
         end = time.monotonic()
+        self.print_logs()
+        measured = {p.target: self.measured(p) for p in self.phases}
+        blocks = [self.table(end)] + [b for p in self.phases
+                                      for b in phase_report.blocks(p.target, p.seconds,
+                                                                   measured[p.target])]
+        print(phase_report.text(blocks))
+        (self.out / "times.md").write_text(phase_report.markdown(blocks) + "\n")
+        (self.out / "phases.json").write_text(json.dumps({
+            "total_s": end - self.t0,
+            "phases": [{"target": p.target, "lane": p.lane, "nice": p.nice,
+                        "start_s": None if p.start is None else p.start - self.t0,
+                        "seconds": p.seconds, "result": p.result, **measured[p.target]}
+                       for p in self.phases],
+        }, indent=2) + "\n")
+
+    def print_logs(self) -> None:
         for p in self.phases:
             if p.lane == self.stream_lane or p.log is None or not p.log.exists():
                 continue
@@ -190,31 +239,40 @@ class Runner:
             what = "log" if not p.passed else f"last {len(shown)} lines of {len(lines)}"
             print(f"\n==== {p.target} ({p.lane}): {p.result}; {what} ({p.log})")
             print("\n".join(shown))
+
+    def table(self, end: float) -> phase_report.Block:
         rows = [("phase", "lane", "start", "end", "took", "result")]
         for p in self.phases:
             rows.append((p.target, p.lane + (" nice" if p.nice else ""),
                          "" if p.start is None else f"{p.start - self.t0:.0f} s",
                          "" if p.end is None else f"{p.end - self.t0:.0f} s",
                          "" if p.start is None else f"{p.seconds:.0f} s", p.result))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        print("\n==== make test: time per phase (lanes run side by side)")
-        for i, r in enumerate(rows):
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-            if i == 0:
-                print("  ".join("-" * w for w in widths))
         lanes = dict.fromkeys(p.lane for p in self.phases)
-        for lane in lanes:
-            busy = sum(p.seconds for p in self.phases if p.lane == lane)
-            print(f"lane {lane}: {busy:.0f} s of phases")
+        notes = [f"lane {lane}: {sum(p.seconds for p in self.phases if p.lane == lane):.0f} s "
+                 "of phases" for lane in lanes]
         bad = [p.target for p in self.phases if not p.passed]
-        print(f"total: {end - self.t0:.0f} s wall; "
-              + ("every phase passed" if not bad else f"did not pass: {', '.join(bad)}"))
-        (self.out / "phases.json").write_text(json.dumps({
-            "total_s": end - self.t0,
-            "phases": [{"target": p.target, "lane": p.lane, "nice": p.nice,
-                        "start_s": None if p.start is None else p.start - self.t0,
-                        "seconds": p.seconds, "result": p.result} for p in self.phases],
-        }, indent=2) + "\n")
+        notes.append(f"total: {end - self.t0:.0f} s wall; "
+                     + ("every phase passed" if not bad else f"did not pass: {', '.join(bad)}"))
+        return "make test: time per phase (lanes run side by side)", rows, notes
+
+    def measured(self, p: Phase) -> dict:
+        """The phase's scenarios (junit=) and compile time (ninja=), for the report."""
+        not_run = {"problem": "the phase did not run"}
+        got = {}
+        if p.junit:
+            got["scenarios"] = (not_run if p.start is None else
+                                measure(phase_report.scenarios, p.junit, p.wall_start))
+        if p.ninja:
+            got["compile"] = {"dir": p.ninja, **(p.compile or not_run)}
+        return got
+
+
+def measure(fn: Callable[..., dict], *args: object) -> dict:
+    """fn(*args), or what went wrong: the report never stops the run."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return {"problem": f"not measured ({type(e).__name__}: {e})"}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

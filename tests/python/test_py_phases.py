@@ -24,6 +24,10 @@ needs-fails:
 \t@echo never printed
 hangs:
 \t@sleep 60
+suite:
+\t@mkdir -p res && cp junit.src res/junit.xml
+compile:
+\t@cat ninja.add >> bld/.ninja_log
 """
 
 
@@ -95,6 +99,14 @@ def test_the_makefiles_phase_list_parses_and_the_browser_test_follows_its_report
     assert got["test-browser"].done_after == ["test-vm-siw"]  # it opens test-vm-siw's report,
     assert got["test-browser"].after == []  # also after a failed run
     assert got["test-browser"].lane != got["test-vm-siw"].lane
+
+
+def test_phase_specs_name_their_junit_files_and_build_folder():
+    got = phases.parse(["vm:rxe:after=b:junit=out/vm-rxe/junit.xml,out/vm-rxe/junit-vm.xml",
+                        "side:b:nice:ninja=build-asan"])
+    assert got[0].junit == ["out/vm-rxe/junit.xml", "out/vm-rxe/junit-vm.xml"]
+    assert got[0].after == ["b"] and got[0].ninja is None
+    assert got[1].ninja == "build-asan" and got[1].nice and got[1].junit == []
 
 
 # ---- phase_report: JUnit files
@@ -255,3 +267,45 @@ def test_a_log_ninja_rewrote_meanwhile_is_read_by_its_outputs_mtime(tmp_path):
     assert got["notes"] == ["ninja rewrote its log during the phase: steps chosen by their "
                             "outputs' mtime"]
 
+
+# ---- both, through the runner
+
+def test_the_runner_reports_scenarios_and_compile_time_after_its_table(tmp_path):
+    (tmp_path / "junit.src").write_text(junit(
+        tmp_path / "junit.tmp", case("test_slow[inventory-inventory-rxe]", 30),
+        case("test_fast[model-roce]", 0.5)).read_text())
+    (tmp_path / "bld").mkdir()
+    (tmp_path / "bld" / ".ninja_log").write_text(
+        NINJA_HEADER + entry(0, 50000, "CMakeFiles/old.dir/o.cc.o"))        # an earlier run's
+    (tmp_path / "ninja.add").write_text(entry(0, 7000, "core/CMakeFiles/engine.dir/a.cc.o"))
+    stale = junit(tmp_path / "old.xml", case("test_old[model-roce]", 1))
+    os.utime(stale, (1_000_000, 1_000_000))
+    r, got, out = run(tmp_path, "a:suite:junit=res/junit.xml,res/missing.xml",
+                      "b:compile:ninja=bld", "b:fails",
+                      "b:needs-fails:after=fails:junit=res/junit.xml:ninja=bld",
+                      "b:side:junit=old.xml:ninja=nothing")
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = got["suite"]["scenarios"]
+    assert [(c["id"], c["run"]) for c in s["longest"]] == [
+        ("test_cm.py::test_slow[inventory-inventory-rxe]", "device"),
+        ("test_cm.py::test_fast[model-roce]", "model")]
+    assert s["device"]["seconds"] == 30 and s["model"]["seconds"] == 0.5
+    c = got["compile"]["compile"]
+    assert [(t["target"], t["seconds"]) for t in c["targets"]] == [("engine", 7.0)]
+    assert got["needs-fails"]["scenarios"] == {"problem": "the phase did not run"}
+    assert got["needs-fails"]["compile"]["problem"] == "the phase did not run"
+    assert got["side"]["scenarios"]["files"][0]["problem"].startswith("older than the phase")
+    assert got["side"]["compile"]["problem"] == "no nothing/.ninja_log: ninja did not build there"
+    text = r.stdout[r.stdout.index("==== make test: time per phase"):]
+    for line in ["==== suite: the 2 longest of 2 testcases", "res/missing.xml: not written",
+                 "==== compile: compile time by target (bld/.ninja_log)",
+                 "==== needs-fails: scenarios: the phase did not run",
+                 "old.xml: older than the phase (left by an earlier run), not read",
+                 "no nothing/.ninja_log: ninja did not build there"]:
+        assert line in text, text
+    assert text.index("==== suite:") < text.index("==== compile:")
+    md = (out / "times.md").read_text()
+    assert "| 30.0 | passed | device | test_cm.py::test_slow[inventory-inventory-rxe] |" in md
+    assert "## compile: compile time by target (bld/.ninja_log)" in md
+    assert "| 7.0 | 1 | engine |" in md
+    assert "## make test: time per phase (lanes run side by side)" in md
