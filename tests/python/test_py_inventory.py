@@ -367,6 +367,39 @@ def test_run(tmp_path, sshd):
     assert m.wait_ready(10) < 10
 
 
+def accepted(sshd: Sshd) -> int:
+    sshd.log.flush()
+    return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
+
+
+def test_commands_share_one_master_connection(tmp_path, sshd):
+    m = machine(tmp_path, sshd)
+    assert m.run("true").rc == 0                 # may still connect by itself: master logging in
+    deadline = time.monotonic() + 10
+    while not (m._dir / "cm").exists():
+        assert time.monotonic() < deadline, "no master connection's socket after 10 s"
+        time.sleep(0.1)
+    before = accepted(sshd)
+    for i in range(5):
+        assert m.run(f"echo {i}").out == f"{i}\n"
+    m.copy_to(__file__, str(tmp_path / "copied.py"))
+    assert accepted(sshd) == before, "a command logged in by itself beside the master"
+
+
+def test_a_lost_master_is_replaced_and_commands_go_on(tmp_path, sshd, monkeypatch):
+    monkeypatch.setattr("lab.sshmachine.MASTER_RETRY_S", 0.0)
+    m = machine(tmp_path, sshd)
+    m.run("true")
+    first = m._master
+    assert first is not None and first.poll() is None
+    first.kill()                                 # the connection dies (host rebooted, ...)
+    first.wait()
+    assert m.run("echo still").out == "still\n"  # by itself, or over a new master
+    assert m._master is not first and m._master.poll() is None
+    m.drop_master()                              # before a power cycle
+    assert m._master is None and first.poll() is not None
+
+
 def test_run_timeout_kills_ssh(tmp_path, sshd):
     m = machine(tmp_path, sshd)
     r = m.run("sleep 31.25; echo never", timeout=1.5)
