@@ -1,18 +1,18 @@
 """The guest initrd: busybox-static, the kernel modules, and init.sh as /init.
 
 The archive is written here in the cpio "newc" format (no cpio tool, no root needed for the
-/dev/console node) with fixed owners and times, so the same inputs give the same bytes and
-the cached file is named by their hash.
+/dev/console node) with fixed owners and times, so the same inputs give the same bytes. It is
+an artifact of the shared cache (lab/vmlab/cache.py): initrd-<release>-<key>/initrd.gz, keyed
+by the kernel, busybox, init.sh and every module it packs.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
-import os
 import pathlib
-import shutil
 
+from . import cache
 from . import kernel as kmod
 
 BUSYBOX = pathlib.Path("/bin/busybox")  # from busybox-static: no shared libraries
@@ -75,23 +75,41 @@ def archive(modules: list[tuple[str, bytes]], busybox: bytes, init: bytes) -> by
     return cp.finish()
 
 
+KEEP = 4  # initrds kept per kernel release: the last used (a clone may be older or newer)
+
+
+def inputs(k: kmod.Kernel, modules: list[tuple[str, bytes]], busybox: bytes,
+           init: bytes) -> dict:
+    """What the initrd is made of: its key's input and its manifest's record."""
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+    return {"kernel": k.key, "busybox": sha(busybox), "init": sha(init),
+            "modules": [[name, sha(data)] for name, data in modules]}
+
+
 def ensure(k: kmod.Kernel) -> pathlib.Path:
     """Build (or reuse) the gzip'd initrd for kernel k; returns its path."""
     if not BUSYBOX.exists():
         raise kmod.KernelError(f"{BUSYBOX} missing: apt-get install busybox-static")
     mods = [(n, kmod.module_bytes(p)) for n, p in kmod.guest_modules(k)]
     busybox, init = BUSYBOX.read_bytes(), INIT_SH.read_bytes()
-    h = hashlib.sha256(busybox + init)
-    for n, data in mods:
-        h.update(n.encode() + hashlib.sha256(data).digest())
-    out = kmod.CACHE / f"initrd-{k.release}-{h.hexdigest()[:12]}.gz"
-    if out.exists():
-        return out
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # then an atomic rename
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-        gz.write(archive(mods, busybox, init))
-    shutil.move(tmp, out)
-    for old in kmod.CACHE.glob(f"initrd-{k.release}-*.gz"):  # built from an older init.sh
-        if old != out:
-            old.unlink(missing_ok=True)
-    return out
+
+    def make(d: pathlib.Path) -> list[str]:
+        with open(d / "initrd.gz", "wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            gz.write(archive(mods, busybox, init))
+        return ["initrd.gz"]
+
+    with kmod.cache_lock():
+        root = kmod.artifact("initrd", k.release, inputs(k, mods, busybox, init), make)
+        (root / cache.DONE).touch()  # its last use, which _prune keeps by
+        _prune(k.release)
+    return root / "initrd.gz"
+
+
+def _prune(release: str) -> None:
+    """Keeps the KEEP initrds of release used last (one per init.sh or module change)."""
+    made = [d for d in kmod.CACHE.glob(f"initrd-{release}-*") if (d / cache.DONE).is_file()]
+    made.sort(key=lambda d: (d / cache.DONE).stat().st_mtime, reverse=True)
+    for old in made[KEEP:]:
+        cache.remove(old)

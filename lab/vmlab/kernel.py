@@ -1,18 +1,19 @@
 """The guest kernel: Debian's linux-image package unpacked into the cache, plus siw.ko.
 
 Nothing is installed into the host: the packages are fetched with `apt-get download` and
-unpacked with `dpkg -x` under .cache/vmlab. Debian 12's kernel has rdma_rxe but no siw
-(CONFIG_RDMA_SIW unset), so siw.ko is built out of tree from linux-source against the
-unpacked headers. Every step leaves a marker file, so a second run only checks them.
-The same build makes rdmalab_warn.ko (lab/vmlab/testmod), a test aid for the kernel-log
-oracle. Long steps say what they do and how long they have run (progress(), stderr).
+unpacked with `dpkg -x` into the artifact cache (CACHE, shared by every clone on the machine;
+lab/vmlab/cache.py). Debian 12's kernel has rdma_rxe but no siw (CONFIG_RDMA_SIW unset), so
+siw.ko is built out of tree from linux-source against the unpacked headers. The same build
+makes rdmalab_warn.ko (lab/vmlab/testmod), a test aid for the kernel-log oracle. Each result
+is a folder named by a digest of what it was made from and checked against its manifest
+before reuse, so a second run, or a second clone, only checks them. Long steps say what they
+do and how long they have run (progress(), stderr).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import importlib.util
 import lzma
 import os
@@ -25,8 +26,14 @@ import tarfile
 import time
 from typing import Callable, Iterable, Iterator
 
+from . import cache
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-CACHE = pathlib.Path(os.environ.get("VMLAB_CACHE", REPO / ".cache" / "vmlab"))
+CACHE = cache.artifact_home()   # downloads and built artifacts, shared by every clone
+STATE = cache.state_home(REPO)  # this clone's run/, up/, ssh/ and inventories
+# Part of every artifact's key: bump a kind's number when the way it is made changes, so that
+# no clone reuses what the older code made.
+RECIPES = {"kernel": 1, "siw": 1, "testmod": 1, "buildroot": 1, "initrd": 1}
 
 # Modules the guest loads: virtio devices, the 9p root, the overlay, the RDMA stack.
 # crc32_generic (rxe ICRC) and crc32c_generic (siw) are reached through the crypto API,
@@ -44,6 +51,7 @@ NFT_MODULES = ("nf_tables", "nft_meta_bridge")  # the bridge family's meta (l4pr
 NETNS_MODULES = ("veth", "bridge")
 SIW_FILES = ("siw_cm.o siw_cq.o siw_main.o siw_mem.o siw_qp.o siw_qp_tx.o siw_qp_rx.o "
              "siw_verbs.o")
+SIW_KBUILD = f"obj-m += siw.o\nsiw-y := {SIW_FILES}\n"
 
 STEP_TIMEOUT_S = 600  # deadline for any one download, unpack or build step
 TESTMOD_SRC = pathlib.Path(__file__).with_name("testmod")  # rdmalab_warn.c and its Kbuild
@@ -87,6 +95,7 @@ class Kernel:
 
     suite: str = "bookworm"  # the Debian suite it came from
     testmod_ko: pathlib.Path | None = None  # rdmalab_warn.ko; None: not built for it
+    key: str = ""  # the digest of its packages that names root: part of every later key
 
     @property
     def vmlinuz(self) -> pathlib.Path:  # Debian 12's layout, or 13's split packages'
@@ -169,33 +178,38 @@ def _has_package(pkg: str, opts: list[str]) -> bool:
     return res.returncode == 0 and "Package:" in res.stdout
 
 
+RELEASE = re.compile(r"[0-9]+\.[0-9]+[0-9A-Za-z.+~-]*-amd64")
+
+
+def _suite_release(suite: str) -> str:
+    """The release that suite's linux-image-amd64 depends on, read once and kept in
+    CACHE/apt/<suite>.release (a memo that does not hold a release is read again)."""
+    memo = CACHE / "apt" / f"{suite}.release"
+    if memo.exists() and RELEASE.fullmatch(release := memo.read_text().strip()):
+        return release
+    for dep in _depends("linux-image-amd64", _apt_options(suite)):
+        if dep.startswith("linux-image-") and dep != "linux-image-amd64":
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(memo, dep.removeprefix("linux-image-") + "\n")
+            return dep.removeprefix("linux-image-")
+    raise KernelError(f"--kernel {suite}: linux-image-amd64 of {suite} names no "
+                      "linux-image-<release>")
+
+
 def resolve(spec: str | None = None) -> tuple[str, str]:
     """(release, suite) for a --kernel value: a suite's current linux-image-amd64, or a
     release looked up in the suites in order. Remembered per suite under the cache, so that a
     suite's kernel does not change under a run (prepare --refresh forgets it)."""
     spec = kernel_choice(spec)
     if spec in SUITES:
-        memo = CACHE / "apt" / f"{spec}.release"
-        if memo.exists():
-            return memo.read_text().strip(), spec
-        release = ""
-        if not release:
-            for dep in _depends("linux-image-amd64", _apt_options(spec)):
-                if dep.startswith("linux-image-") and dep != "linux-image-amd64":
-                    release = dep.removeprefix("linux-image-")
-                    break
-        if not release:
-            raise KernelError(f"--kernel {spec}: linux-image-amd64 of {spec} names no "
-                              "linux-image-<release>")
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(release + "\n")
-        return release, spec
-    if not re.fullmatch(r"[0-9]+\.[0-9]+[0-9A-Za-z.+~-]*-amd64", spec):
+        return _suite_release(spec), spec
+    if not RELEASE.fullmatch(spec):
         raise KernelError(f"--kernel {spec!r}: a Debian suite ({', '.join(SUITES)}) or a "
                           "Debian kernel release such as 6.1.0-56-amd64 or "
                           "6.12.117+deb13-amd64")
-    if (CACHE / f"kernel-{spec}" / ".done").exists():
-        return spec, (CACHE / f"kernel-{spec}" / ".suite").read_text().strip()
+    memo = cache.read_json(_memo_path(spec))  # prepared before: no need to ask apt
+    if memo is not None and memo.get("suite") in SUITES:
+        return spec, memo["suite"]
     for suite in SUITES:
         if _has_package(f"linux-image-{spec}", _apt_options(suite)):
             return spec, suite
@@ -203,30 +217,99 @@ def resolve(spec: str | None = None) -> tuple[str, str]:
                       f"{', '.join(SUITES)} ({MIRROR})")
 
 
-def _suite_of(opts: list[str] | None) -> str:
-    """The suite a private apt configuration (_apt_options) is for; none: this machine's."""
-    for o in opts or []:
-        if o.startswith("Dir::Etc::sourcelist="):
-            return pathlib.Path(o.split("=", 1)[1]).parent.name
-    return "bookworm"
+def _memo_path(release: str) -> pathlib.Path:
+    return CACHE / "apt" / f"kernel-{release}.json"
 
 
-def _download(packages: Iterable[str], into: pathlib.Path,
-              opts: list[str] | None = None) -> list[pathlib.Path]:
-    into.mkdir(parents=True, exist_ok=True)
+def _valid_record(rec: object) -> bool:
+    return isinstance(rec, dict) and all(isinstance(rec.get(f), str) and rec[f] for f in
+                                         ("package", "version", "architecture", "sha256"))
+
+
+def _index_records(pkgs: list[str], opts: list[str]) -> list[dict]:
+    """Each package's candidate in apt's index (apt-cache show, one call for all): package,
+    version, architecture and the SHA256 a download of it must have."""
+    out = _run(["apt-cache", *opts, "show", "--no-all-versions", *pkgs],
+               what=f"apt-cache show {len(pkgs)} packages")
+    found: dict[str, dict] = {}
+    for stanza in out.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line[:1].isspace())
+        rec = {"package": fields.get("Package"), "version": fields.get("Version"),
+               "architecture": fields.get("Architecture"), "sha256": fields.get("SHA256")}
+        if _valid_record(rec):
+            found.setdefault(rec["package"], rec)
+    missing = [p for p in pkgs if p not in found]
+    if missing:
+        raise KernelError(f"apt-cache show names no version and SHA256 for {', '.join(missing)}")
+    return [found[p] for p in pkgs]
+
+
+def _kernel_memo(release: str, suite: str) -> dict:
+    """The kernel's packages as apt's index gives them (_index_records), found once per
+    release and kept in CACHE/apt/kernel-<release>.json: the input of every key built from
+    them, and what a cached .deb is checked against (finding them costs apt ten seconds)."""
+    path = _memo_path(release)
+    memo = cache.read_json(path)
+    if memo is not None and memo.get("suite") == suite and isinstance(memo.get("packages"), list) \
+            and memo["packages"] and all(map(_valid_record, memo["packages"])):
+        return memo
+    opts = _apt_options(suite)
+    say(f"reading the {release} kernel's packages from {suite}'s index, once")
+    pkgs = _closure(f"linux-image-{release}", release, opts)
+    pkgs += [p for p in _closure(f"linux-headers-{release}", release, opts) if p not in pkgs]
+    memo = {"suite": suite, "packages": _index_records(pkgs, opts)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_json(path, memo)
+    return memo
+
+
+def _records_named(names: list[str], release: str, suite: str) -> list[dict]:
+    """Index records of names: the kernel's memo where it has them, else apt's index."""
+    known = {r["package"]: r for r in _kernel_memo(release, suite)["packages"]}
+    missing = [n for n in names if n not in known]
+    if missing:
+        known.update((r["package"], r) for r in _index_records(missing, _apt_options(suite)))
+    return [known[n] for n in names]
+
+
+def _deb_path(rec: dict) -> pathlib.Path:
+    """Where apt-get download puts it: name_version_arch.deb, an epoch's colon quoted."""
+    version = rec["version"].replace(":", "%3a")
+    return CACHE / "debs" / f"{rec['package']}_{version}_{rec['architecture']}.deb"
+
+
+def _fetch(records: list[dict], suite: str) -> list[pathlib.Path]:
+    """The .debs of records in CACHE/debs, each checked against its index SHA256 before it
+    is used: one that differs (cut short, changed) is removed and fetched again."""
     debs = []
-    for pkg in packages:
-        found = sorted(into.glob(f"{pkg}_*.deb"))
-        if not found:
-            suite = _suite_of(opts)
-            say(f"fetching {pkg} from {suite}")
-            _run(["apt-get", *(opts or []), "download", "-q", pkg], cwd=into,
-                 what=f"fetching {pkg} from {suite}")
-            found = sorted(into.glob(f"{pkg}_*.deb"))
-        if not found:
-            raise KernelError(f"apt-get download {pkg} left no .deb in {into}")
-        debs.append(found[-1])
+    for rec in records:
+        deb = _deb_path(rec)
+        if deb.exists() and cache.sha256(deb) != rec["sha256"]:
+            say(f"{deb} is not the {rec['version']} that {suite}'s index describes (its sha256 "
+                "differs): fetching it again")
+            deb.unlink()
+        if not deb.exists():
+            _download(rec, deb, suite)
+        debs.append(deb)
     return debs
+
+
+def _download(rec: dict, deb: pathlib.Path, suite: str) -> None:
+    """apt-get download of that exact version (apt checks the file against its index), then
+    the same check here, so that a record and a file that disagree are never used."""
+    spec = f"{rec['package']}={rec['version']}"
+    say(f"fetching {spec} from {suite}")
+    deb.parent.mkdir(parents=True, exist_ok=True)
+    _run(["apt-get", *_apt_options(suite), "download", "-q", spec], cwd=deb.parent,
+         what=f"fetching {spec} from {suite}")
+    if not deb.exists():
+        raise KernelError(f"apt-get download {spec} left no {deb}")
+    if cache.sha256(deb) != rec["sha256"]:
+        deb.unlink()
+        raise KernelError(f"apt-get download {spec}: not the sha256 {rec['sha256']} recorded "
+                          f"from {suite}'s index in {CACHE / 'apt'}/kernel-<release>.json "
+                          "(remove it to read the index again)")
 
 
 def _closure(start: str, release: str, opts: list[str]) -> list[str]:
@@ -250,29 +333,73 @@ def _closure(start: str, release: str, opts: list[str]) -> list[str]:
     return seen
 
 
-def _unpack_kernel(release: str, suite: str) -> pathlib.Path:
-    root = CACHE / f"kernel-{release}"
-    if (root / ".done").exists():
-        return root
-    opts = _apt_options(suite)
-    pkgs = _closure(f"linux-image-{release}", release, opts)
-    pkgs += [p for p in _closure(f"linux-headers-{release}", release, opts) if p not in pkgs]
-    debs = _download(pkgs, CACHE / "debs", opts)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    say(f"unpacking the {release} kernel from {suite} ({len(debs)} packages) into {root}")
-    for deb in debs:
-        _run(["dpkg", "-x", str(deb), str(root)], what=f"unpacking {deb.name}")
-    # The headers' Makefiles include each other by absolute /usr/src paths: point them into
-    # the unpacked tree.
-    for mk in (root / "usr" / "src").glob("linux-headers-*/Makefile"):
+# ---- artifacts ---------------------------------------------------------------------------
+
+def artifact_name(kind: str, label: str, inputs: object) -> str:
+    """<kind>-<label>-<digest of the kind's recipe and inputs>, e.g. siw-6.1.0-56-amd64-<12>."""
+    return f"{kind}-{label}-{cache.key(f'{kind}/{RECIPES[kind]}', inputs)}"
+
+
+def artifact(kind: str, label: str, inputs: object,
+             make: Callable[[pathlib.Path], list[str]]) -> pathlib.Path:
+    """CACHE/artifact_name(...): reused when it matches its manifest, else made again from
+    scratch by make (cache.build: it fills a fresh folder and returns the files to verify).
+    The caller holds cache_lock()."""
+    name = artifact_name(kind, label, inputs)
+    root = CACHE / name
+    if root.exists():
+        why = cache.problem(root)
+        if why is None:
+            return root
+        say(f"{root}: {why}: making it again from scratch")
+    return cache.build(CACHE, name, make, {"kind": f"{kind}/{RECIPES[kind]}", "inputs": inputs})
+
+
+def _complete(kind: str, label: str, inputs: object) -> bool:
+    """Whether the artifact was made here before (checked when it is used)."""
+    return (CACHE / artifact_name(kind, label, inputs) / cache.DONE).exists()
+
+
+def _unpack_kernel(release: str, suite: str, memo: dict) -> Kernel:
+    """CACHE/kernel-<release>-<key>: dpkg -x of the kernel's packages, keyed by their index
+    records (name, version, sha256)."""
+    inputs = {"release": release, "packages": memo["packages"]}
+    final = CACHE / artifact_name("kernel", release, inputs)
+
+    def make(tree: pathlib.Path) -> list[str]:
+        debs = _fetch(memo["packages"], suite)
+        say(f"unpacking the {release} kernel from {suite} ({len(debs)} packages) into {final}")
+        for deb in debs:
+            _run(["dpkg", "-x", str(deb), str(tree)], what=f"unpacking {deb.name}")
+        _repoint_headers(tree, final)
+        return _kernel_reads(Kernel(release, tree, None, suite))
+
+    root = artifact("kernel", release, inputs, make)
+    return Kernel(release, root, None, suite, key=root.name.rsplit("-", 1)[1])
+
+
+def _repoint_headers(tree: pathlib.Path, final: pathlib.Path) -> None:
+    """The headers' Makefiles include each other by absolute /usr/src paths: point them into
+    the unpacked tree, where it will be once renamed into place."""
+    for mk in (tree / "usr" / "src").glob("linux-headers-*/Makefile"):
         text = mk.read_text()
-        fixed = re.sub(r"(?<=[\s=])/usr/src/", f"{root}/usr/src/", text)
+        fixed = re.sub(r"(?<=[\s=])/usr/src/", f"{final}/usr/src/", text)
         if fixed != text:
             mk.write_text(fixed)
-    (root / ".suite").write_text(suite + "\n")
-    (root / ".done").write_text(release + "\n")
-    return root
+
+
+def _kernel_reads(k: Kernel) -> list[str]:
+    """What the lab reads from an unpacked kernel (hashed again on every reuse): vmlinuz, the
+    config, modules.builtin and the modules the guest loads. A kernel the guests cannot boot
+    (a module missing) keeps the first three: its initrd build says what is wrong."""
+    paths = [k.vmlinuz, k.config, k.moddir / "modules.builtin"]
+    siw = module_index(k.moddir).get("siw") if _config_has(k.root, k.release,
+                                                            "CONFIG_RDMA_SIW") else None
+    try:
+        paths += [p for _, p in guest_modules(dataclasses.replace(k, siw_ko=siw))]
+    except KernelError:
+        pass
+    return [p.relative_to(k.root).as_posix() for p in paths if p.is_file()]
 
 
 def _find(root: pathlib.Path, candidates: Iterable[str], what: str) -> pathlib.Path:
@@ -282,15 +409,35 @@ def _find(root: pathlib.Path, candidates: Iterable[str], what: str) -> pathlib.P
     raise KernelError(f"{what} not found under {root} (looked for {', '.join(candidates)})")
 
 
-def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
-    out = CACHE / f"siw-{release}"
-    ko = out / "siw.ko"
-    if (out / ".done").exists() and ko.exists():
-        return ko
-    major = ".".join(release.split(".")[:2])
-    (deb,) = _download([f"linux-source-{major}"], CACHE / "debs", _apt_options(suite))
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+def _siw_inputs(k: Kernel, memo: dict, lookup: bool) -> dict | None:
+    """siw.ko's inputs: the kernel, linux-source's index record (kept in the kernel's memo
+    once read: None when it is not and lookup is False, as siw.ko was never built here) and
+    the Kbuild text."""
+    source = memo.get("source")
+    if not _valid_record(source):
+        if not lookup:
+            return None
+        major = ".".join(k.release.split(".")[:2])
+        (source,) = _index_records([f"linux-source-{major}"], _apt_options(k.suite))
+        memo["source"] = source
+        cache.write_json(_memo_path(k.release), memo)
+    return {"kernel": k.key, "source": source, "kbuild": SIW_KBUILD}
+
+
+def _build_siw(k: Kernel, inputs: dict) -> pathlib.Path:
+    def make(out: pathlib.Path) -> list[str]:
+        (deb,) = _fetch([inputs["source"]], k.suite)
+        _siw_sources(deb, out, ".".join(k.release.split(".")[:2]))
+        (out / "Kbuild").write_text(SIW_KBUILD)
+        _make_modules("siw.ko", k, out)
+        if not (out / "siw.ko").exists():
+            raise KernelError(f"kbuild left no siw.ko in {out}")
+        return ["siw.ko"]
+    return artifact("siw", k.release, inputs, make) / "siw.ko"
+
+
+def _siw_sources(deb: pathlib.Path, out: pathlib.Path, major: str) -> None:
+    """drivers/infiniband/sw/siw/* of linux-source-<major>'s tree into out."""
     member = f"./usr/src/linux-source-{major}.tar.xz"
     prefix = f"linux-source-{major}/drivers/infiniband/sw/siw/"
     # Stream: the .deb holds a 140 MB tar.xz of the whole tree; only siw/ is kept.
@@ -321,59 +468,43 @@ def _build_siw(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
         proc.wait(timeout=STEP_TIMEOUT_S)
     if not (out / "siw_main.c").exists():
         raise KernelError(f"{deb.name} has no {prefix}siw_main.c in {member}")
-    (out / "Kbuild").write_text(f"obj-m += siw.o\nsiw-y := {SIW_FILES}\n")
-    _make_modules("siw.ko", release, root, suite, out)
-    if not ko.exists():
-        raise KernelError(f"kbuild left no {ko}")
-    (out / ".done").write_text(release + "\n")
-    return ko
 
 
-def _make_modules(what: str, release: str, root: pathlib.Path, suite: str,
-                  out: pathlib.Path) -> None:
-    """make modules for the sources (and Kbuild) in out against release's headers."""
-    if suite.split("-")[0] == "bookworm":
+def _make_modules(what: str, k: Kernel, out: pathlib.Path) -> None:
+    """make modules for the sources (and Kbuild) in out against k's headers."""
+    if k.suite.split("-")[0] == "bookworm":
         # This machine's own suite: the kernel's compiler (gcc-12) and Debian's kbuild tools
         # (glibc 2.36) run here as they are.
-        say(f"building {what} for {release}")
-        headers = root / "usr" / "src" / f"linux-headers-{release}"
+        say(f"building {what} for {k.release}")
+        headers = k.root / "usr" / "src" / f"linux-headers-{k.release}"
         _run(["make", "-C", str(headers), f"M={out}", "modules", "-j2"],
-             what=f"building {what} for {release}")
+             what=f"building {what} for {k.release}")
     else:
-        _build_in_buildroot(what, release, suite, out)
+        _build_in_buildroot(what, k, out)
 
 
-def _testmod_digest() -> str:
-    h = hashlib.sha256()
-    for f in sorted(TESTMOD_SRC.iterdir()):
-        if f.is_file():
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
+def _testmod_inputs(k: Kernel) -> dict:
+    sources = {f.name: cache.sha256(f) for f in sorted(TESTMOD_SRC.iterdir()) if f.is_file()}
+    return {"kernel": k.key, "sources": sources}
 
 
-def _build_testmod(release: str, root: pathlib.Path, suite: str) -> pathlib.Path:
-    """rdmalab_warn.ko for release under CACHE/testmod-<release>, built again when its
-    sources change (the marker holds their digest)."""
-    out = CACHE / f"testmod-{release}"
-    ko = out / f"{TESTMOD}.ko"
-    digest = _testmod_digest()
-    done = out / ".done"
-    if ko.exists() and done.exists() and done.read_text().split()[-1:] == [digest]:
-        return ko
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(TESTMOD_SRC, out)
-    _make_modules(f"{TESTMOD}.ko", release, root, suite, out)
-    if not ko.exists():
-        raise KernelError(f"kbuild left no {ko}")
-    done.write_text(f"{release} {digest}\n")
-    return ko
+def _build_testmod(k: Kernel, inputs: dict) -> pathlib.Path:
+    """rdmalab_warn.ko for k: CACHE/testmod-<release>-<key of its sources and the kernel>."""
+    def make(out: pathlib.Path) -> list[str]:
+        shutil.copytree(TESTMOD_SRC, out, dirs_exist_ok=True)
+        _make_modules(f"{TESTMOD}.ko", k, out)
+        if not (out / f"{TESTMOD}.ko").exists():
+            raise KernelError(f"kbuild left no {TESTMOD}.ko in {out}")
+        return [f"{TESTMOD}.ko"]
+    return artifact("testmod", k.release, inputs, make) / f"{TESTMOD}.ko"
 
 
 # A newer suite's kernel (trixie's 6.12, sid's 7.x) was built with that suite's compiler
 # (gcc-14, gcc-16), and Debian's kbuild host tools for it (modpost, objtool, resolve_btfids)
 # are linked against that suite's glibc (2.38 on; bookworm has 2.36). siw.ko for it is built
-# in a minimal chroot of the kernel's own suite, made once per suite by debootstrap from
-# Debian's archive, with the kernel's headers and kbuild unpacked into it: the compiler the
+# in a minimal chroot of the kernel's own suite, made once per suite and package list by
+# debootstrap from Debian's archive (an artifact like the others, keyed by that list), with
+# each kernel's headers and kbuild unpacked into it (their own manifest): the compiler the
 # headers depend on, Debian's modpost and objtool, and pahole run there on their own glibc.
 # Every command runs in new mount and pid namespaces (unshare) with a /proc of its own, which
 # debootstrap and 7.x's objtool (it reads /proc/self/maps) need: no mount can outlive the
@@ -419,69 +550,95 @@ def _buildroot_step(step: str, argv: list[str], timeout: float,
 
 
 def _buildroot(suite: str, packages: list[str]) -> pathlib.Path:
-    """CACHE/buildroot-<suite>: debootstrap --variant=minbase of suite with packages, made
-    again when a later kernel of the suite needs a package it lacks (another gcc)."""
-    d = CACHE / f"buildroot-{suite}"
-    done = d / ".done"
-    if done.exists() and set(packages) <= set((done.read_text().splitlines() or [""])[0].split()):
-        return d
-    if shutil.which("debootstrap") is None:
-        raise KernelError(f"module build for {suite}: debootstrap is not installed on this "
-                          "machine (apt-get install debootstrap)")
-    mounted = [p for p in (d / "proc", d / "sys", d / "dev", d / "dev" / "pts") if p.is_mount()]
+    """CACHE/buildroot-<suite>-<key of packages>: debootstrap --variant=minbase of suite with
+    packages (a kernel whose headers want another gcc gets a chroot of its own)."""
+    inputs = {"suite": suite, "packages": sorted(packages)}
+    final = CACHE / artifact_name("buildroot", suite, inputs)
+    mounted = [p for p in (final / "proc", final / "sys", final / "dev", final / "dev" / "pts")
+               if p.is_mount()]
     if mounted:  # never: every mount is made in a namespace of its own (rmtree would empty it)
         raise KernelError(f"module build for {suite}: {', '.join(map(str, mounted))} mounted; "
-                          f"unmount and remove {d}")
-    shutil.rmtree(d, ignore_errors=True)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    # debootstrap 1.0.128 (bookworm) knows suites up to trixie by name; a newer one is sid's.
-    script = [] if (DEBOOTSTRAP_SCRIPTS / suite).exists() else [str(DEBOOTSTRAP_SCRIPTS / "sid")]
-    start = time.monotonic()
-    say(f"making the {suite} build chroot with debootstrap ({d}; about a minute and 500 MB, "
-        "once per suite)")
-    _buildroot_step(f"debootstrap {suite}", _isolated(
-        ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(d),
-         MIRROR, *script]), DEBOOTSTRAP_TIMEOUT_S, log=d / "debootstrap" / "debootstrap.log")
-    seconds = time.monotonic() - start
-    for deb in (d / "var" / "cache" / "apt" / "archives").glob("*.deb"):
-        deb.unlink()  # about 100 MB the build never reads
-    done.write_text(" ".join(packages) + f"\ndebootstrap {seconds:.0f} s\n")
-    return d
+                          f"unmount and remove {final}")
+
+    def make(d: pathlib.Path) -> list[str]:
+        if shutil.which("debootstrap") is None:
+            raise KernelError(f"module build for {suite}: debootstrap is not installed on this "
+                              "machine (apt-get install debootstrap)")
+        # debootstrap 1.0.128 (bookworm) knows suites up to trixie by name; newer: sid's.
+        script = [] if (DEBOOTSTRAP_SCRIPTS / suite).exists() else \
+            [str(DEBOOTSTRAP_SCRIPTS / "sid")]
+        say(f"making the {suite} build chroot with debootstrap ({final}; about a minute and "
+            "500 MB, once per suite)")
+        _buildroot_step(f"debootstrap {suite}", _isolated(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite,
+             str(d), MIRROR, *script]), DEBOOTSTRAP_TIMEOUT_S,
+            log=d / "debootstrap" / "debootstrap.log")
+        for deb in (d / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+            deb.unlink()  # about 100 MB the build never reads
+        return []  # nothing the lab reads itself: every size is checked
+
+    return artifact("buildroot", suite, inputs, make)
 
 
-def _build_in_buildroot(what: str, release: str, suite: str, out: pathlib.Path) -> None:
+def _buildroot_headers(d: pathlib.Path, k: Kernel, records: list[dict]) -> None:
+    """k's headers and kbuild unpacked into the chroot d, once per kernel key: staged first,
+    so that their manifest (kept in d/.headers-<release>-<key>.json) lists just their files,
+    which are then moved into place and checked like an artifact on every later use."""
+    mark = d / f".headers-{k.release}-{k.key}.json"
+    m = cache.read_json(mark)
+    if m is not None:
+        why = cache.problem(d, m)
+        if why is None:
+            return
+        say(f"{d}: the {k.release} headers: {why}: unpacking them again")
+    stage = d / ".headers-stage"
+    cache.remove(stage)
+    for deb in _fetch(records, k.suite):
+        _buildroot_step(f"unpack {deb.name}", ["dpkg", "-x", str(deb), str(stage)],
+                        STEP_TIMEOUT_S)
+    m = cache.manifest(stage, [], {"kernel": k.key, "packages": records})
+    for rel in [*m["files"], *m["links"]]:
+        dst = d / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.is_file():
+            dst.unlink()
+        os.rename(stage / rel, dst)
+    cache.remove(stage)
+    cache.write_json(mark, m)
+
+
+def _build_in_buildroot(what: str, k: Kernel, out: pathlib.Path) -> None:
     """make modules for the sources in out (siw's, the test module's), in the build chroot of
-    suite, against linux-headers-<release> unpacked there; the results are copied back."""
-    opts = _apt_options(suite)
-    deps = _depends(f"linux-headers-{release}", opts)
+    k's suite, against linux-headers-<release> unpacked there; the results are copied back."""
+    opts = _apt_options(k.suite)
+    deps = _depends(f"linux-headers-{k.release}", opts)
     cc = [p for p in deps if re.fullmatch(r"gcc-[0-9]+(-for-host)?", p)]
     kbuild = [p for p in deps if p.startswith("linux-kbuild-")]
     common = [p for p in deps if p.startswith("linux-headers-")]
     if not cc or not kbuild:
-        raise KernelError(f"module build: linux-headers-{release} of {suite} names no gcc-N or "
-                          f"linux-kbuild-* among its Depends ({', '.join(deps)})")
+        raise KernelError(f"module build: linux-headers-{k.release} of {k.suite} names no gcc-N "
+                          f"or linux-kbuild-* among its Depends ({', '.join(deps)})")
     packages = list(dict.fromkeys([cc[0], "make", "libc6-dev", *_depends(kbuild[0], opts)]))
-    d = _buildroot(suite, packages)
-    mark = d / f".headers-{release}"
-    if not mark.exists():
-        for deb in _download([f"linux-headers-{release}", *common, kbuild[0]], CACHE / "debs",
-                             opts):
-            _buildroot_step(f"unpack {deb.name}", ["dpkg", "-x", str(deb), str(d)],
-                            STEP_TIMEOUT_S)
-        mark.write_text(release + "\n")
+    d = _buildroot(k.suite, packages)
+    _buildroot_headers(d, k, _records_named([f"linux-headers-{k.release}", *common, kbuild[0]],
+                                            k.release, k.suite))
     build = d / "build" / out.name
-    shutil.rmtree(build, ignore_errors=True)
+    cache.remove(build)
     shutil.copytree(out, build)
-    say(f"building {what} for {release} in the {suite} chroot (about 30 s the first time)")
-    _buildroot_step(f"building {what} for {release} in {d.name}", _isolated(
-        ["make", "-C", f"/usr/src/linux-headers-{release}", f"M=/build/{out.name}", "modules",
-         "-j2"], chroot=d), STEP_TIMEOUT_S)
-    shutil.copytree(build, out, dirs_exist_ok=True)
+    say(f"building {what} for {k.release} in the {k.suite} chroot (about 30 s the first time)")
+    try:
+        _buildroot_step(f"building {what} for {k.release} in {d.name}", _isolated(
+            ["make", "-C", f"/usr/src/linux-headers-{k.release}", f"M=/build/{out.name}",
+             "modules", "-j2"], chroot=d), STEP_TIMEOUT_S)
+        shutil.copytree(build, out, dirs_exist_ok=True)
+    finally:
+        cache.remove(build)  # scratch: the chroot keeps only what its manifests list
 
 
 @contextlib.contextmanager
 def cache_lock(deadline_s: float = 2 * STEP_TIMEOUT_S) -> Iterator[None]:
-    """Serialises builders of the cache (two sessions may prepare at once)."""
+    """Serialises builders of the artifact cache (two sessions, or two clones, may prepare at
+    once); whoever takes it first removes what a builder that died left half made."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as fh:
         end = time.monotonic() + deadline_s
@@ -494,6 +651,7 @@ def cache_lock(deadline_s: float = 2 * STEP_TIMEOUT_S) -> Iterator[None]:
                     raise KernelError(f"{CACHE}/.lock still held after {deadline_s} s")
                 time.sleep(0.5)
         try:
+            cache.remove_leftovers(CACHE)
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -506,26 +664,44 @@ def _config_has(kernel_root: pathlib.Path, release: str, option: str) -> bool:
 
 def ensure(spec: str | None = None, siw: bool = True, testmod: bool | None = None) -> Kernel:
     """Fetch, unpack and build what the guest needs for --kernel spec (a suite or a release;
-    None: kernel_choice()); reuses the cache when it is complete. siw=False: siw.ko only if
-    it is there already (a lab of rxe guests does not wait for its build). testmod: build
-    rdmalab_warn.ko (True), only where it is there already (False), or None: also where it
+    None: kernel_choice()); reuses the cache where it checks out. siw=False: siw.ko only if
+    it was made before (a lab of rxe guests does not wait for its build). testmod: build
+    rdmalab_warn.ko (True), only where it was made before (False), or None: also where it
     costs seconds, a kernel of this machine's suite (no build chroot to make)."""
     with cache_lock():
+        _note_old_layout()
         release, suite = resolve(spec)
-        root = _unpack_kernel(release, suite)
-        ko: pathlib.Path | None
-        if _config_has(root, release, "CONFIG_RDMA_SIW"):  # Debian built it: use theirs
-            ko = module_index(Kernel(release, root, None).moddir)["siw"]
-        elif siw or (CACHE / f"siw-{release}" / ".done").exists():
-            ko = _build_siw(release, root, suite)
-        else:
-            ko = None
+        memo = _kernel_memo(release, suite)
+        k = _unpack_kernel(release, suite, memo)
+        ko: pathlib.Path | None = None
+        if _config_has(k.root, release, "CONFIG_RDMA_SIW"):  # Debian built it: use theirs
+            ko = module_index(k.moddir)["siw"]
+        elif (inputs := _siw_inputs(k, memo, lookup=siw)) is not None and \
+                (siw or _complete("siw", release, inputs)):
+            ko = _build_siw(k, inputs)
         if testmod is None:
             testmod = suite.split("-")[0] == "bookworm"
         tko: pathlib.Path | None = None
-        if testmod or (CACHE / f"testmod-{release}" / ".done").exists():
-            tko = _build_testmod(release, root, suite)
-        return Kernel(release=release, root=root, siw_ko=ko, suite=suite, testmod_ko=tko)
+        if testmod or _complete("testmod", release, _testmod_inputs(k)):
+            tko = _build_testmod(k, _testmod_inputs(k))
+        return dataclasses.replace(k, siw_ko=ko, testmod_ko=tko)
+
+
+_OLD_LAYOUT = ("debs", "kernel-*", "siw-*", "testmod-*", "buildroot-*", "initrd-*")
+_noted_old_layout = False
+
+
+def _note_old_layout() -> None:
+    """Once per process: a clone's own .cache/vmlab from before the shared cache still holds
+    downloads and builds that nothing reads any more (ignored, never removed here)."""
+    global _noted_old_layout
+    if _noted_old_layout or STATE.resolve() == CACHE.resolve():
+        return
+    _noted_old_layout = True
+    old = [p.name for pattern in _OLD_LAYOUT for p in sorted(STATE.glob(pattern))]
+    if old:
+        say(f"note: downloads and builds are cached in {CACHE} now, for every clone; "
+            f"{', '.join(old)} in {STATE} are no longer used and may be removed")
 
 
 # ---- module dependencies -------------------------------------------------------------

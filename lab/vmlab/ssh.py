@@ -1,10 +1,11 @@
 """SSH into the guests over the control NIC: the path a real machine would take (DESIGN.md:
 agents driven through execnet over SSH).
 
-The keys are made once on the host under .cache/vmlab/ssh and read by the guest's sshd
-through the read-only 9p root, so the guest spends no boot time on key generation and the
-controller pins the host key (HostKeyAlias=vmlab; every VM presents the same key). They open
-nothing but VMs reachable on 127.0.0.1 through qemu's hostfwd.
+The keys are made once per clone on the host under its .cache/vmlab/ssh (kernel.STATE: run
+state, not the shared artifact cache) and read by the guest's sshd through the read-only 9p
+root, so the guest spends no boot time on key generation and the controller pins the host key
+(HostKeyAlias=vmlab; every VM presents the same key). They open nothing but VMs reachable on
+127.0.0.1 through qemu's hostfwd.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ALIAS = "vmlab"
 
 
 def key_dir() -> pathlib.Path:
-    return kernel_mod.CACHE / "ssh"
+    return kernel_mod.STATE / "ssh"
 
 
 def ensure_keys() -> pathlib.Path:

@@ -7,7 +7,8 @@ waits until it reports them ready, writes an inventory TOML describing them as r
 SIGTERMs the supervisor, which powers everything off. The inventory loader refuses unknown
 keys, so the state dir is named in a sidecar file, <inventory>.vmlab.json.
 
-State dir (.cache/vmlab/up/<time>-<pid>, outside run/, which vm.Lab prunes):
+State dir (kernel.STATE/up/<time>-<pid>, i.e. the clone's .cache/vmlab/up; outside run/, which
+vm.Lab prunes):
   serve.log    the supervisor's output
   state.json   {"pid", "state": starting|ready|error|stopped, "error", "switch_pid",
                 "control", "hosts": {name: {"qemu_pid", "ssh_port", "agent_port", "ip", "mac"}}}
@@ -52,12 +53,12 @@ def _log(msg: str) -> None:
 
 
 def default_hide() -> list[pathlib.Path]:
-    """What an inventory guest must not see: the checkout (with its cache, unless that lives
-    elsewhere) and the controller's own shipped agent."""
-    cache = kernel_mod.CACHE.resolve()
+    """What an inventory guest must not see: the checkout, the artifact cache and the run
+    state (where they live outside it), and the controller's own shipped agent."""
     paths = [kernel_mod.REPO, AGENT_DIR]
-    if not cache.is_relative_to(kernel_mod.REPO):
-        paths.append(cache)
+    for d in (kernel_mod.CACHE.resolve(), kernel_mod.STATE.resolve()):
+        if not d.is_relative_to(kernel_mod.REPO) and d not in paths:
+            paths.append(d)
     return paths
 
 
@@ -139,7 +140,7 @@ def diagnostics(state: pathlib.Path) -> str:
 
 def _prune() -> None:
     """Keeps the newest state dirs (their logs); never one whose supervisor runs."""
-    root = kernel_mod.CACHE / "up"
+    root = kernel_mod.STATE / "up"
     old = sorted(root.glob("*-*"), key=lambda p: p.stat().st_mtime) if root.exists() else []
     for d in old[:max(0, len(old) - KEEP_STATES + 1)]:
         if not running(read_state(d).get("pid"), d):
@@ -310,12 +311,20 @@ def inventory_text(info: dict, device: str, inventory: pathlib.Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def up(device: str, n: int, inventory: pathlib.Path, memory_mb: int) -> int:
-    inventory = inventory.resolve()
-    side = sidecar(inventory)
+def inventory_folder(inventory: pathlib.Path) -> None:
+    """The inventory's folder must exist; the clone's run state folder (make's default place
+    for it) is made here, as nothing else makes it before a first run in a fresh clone."""
+    if inventory.resolve().parent == kernel_mod.STATE.resolve():
+        inventory.parent.mkdir(parents=True, exist_ok=True)
     if not inventory.parent.is_dir():
         raise UpError(f"cannot write the inventory {inventory}: {inventory.parent} is not a "
                       "directory")
+
+
+def up(device: str, n: int, inventory: pathlib.Path, memory_mb: int) -> int:
+    inventory = inventory.resolve()
+    side = sidecar(inventory)
+    inventory_folder(inventory)
     if side.exists():
         old = state_of(inventory)
         if running(read_state(old).get("pid"), old):
@@ -323,7 +332,7 @@ def up(device: str, n: int, inventory: pathlib.Path, memory_mb: int) -> int:
                           f"python3 -m lab.vmlab down --inventory {inventory} first")
         side.unlink()  # its supervisor is gone
     _prune()
-    state = kernel_mod.CACHE.resolve() / "up" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    state = kernel_mod.STATE.resolve() / "up" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     if len(str(state / "lab" / f"vm{n}.sock")) > SOCK_PATH_MAX:
         raise UpError(f"state dir {state} is too deep for unix socket paths "
                       f"({SOCK_PATH_MAX} bytes): set VMLAB_CACHE to a shorter path")

@@ -39,7 +39,7 @@ FAIL_MARKER = "VMLAB-FAIL"
 GUEST_PORT = 7000
 BOOT_DEADLINE_S = 120.0
 SOCK_PATH_MAX = 100  # sun_path is 108 bytes
-KEEP_RUNS = 8  # run directories (logs, shares) kept under .cache/vmlab/run
+KEEP_RUNS = 8  # run directories (logs, shares) kept under kernel.STATE/run (.cache/vmlab/run)
 
 _live: "weakref.WeakSet[Vm]" = weakref.WeakSet()
 _run_seq = itertools.count(1)
@@ -307,7 +307,7 @@ def _prune_runs(runs: pathlib.Path, keep: int) -> None:
 
 
 class Lab:
-    """N VMs on one switch, in a fresh work directory under the cache."""
+    """N VMs on one switch, in a fresh work directory under the clone's run state."""
 
     def __init__(self, n: int, rdma: str = "rxe", memory_mb: int = 512,
                  workdir: pathlib.Path | None = None, pcap: bool = True,
@@ -325,9 +325,9 @@ class Lab:
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
         if workdir is None:
-            _prune_runs(kernel_mod.CACHE / "run", KEEP_RUNS)
+            _prune_runs(kernel_mod.STATE / "run", KEEP_RUNS)
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            workdir = kernel_mod.CACHE / "run" / f"{stamp}-{os.getpid()}-{next(_run_seq)}"
+            workdir = kernel_mod.STATE / "run" / f"{stamp}-{os.getpid()}-{next(_run_seq)}"
         self.workdir = workdir
         shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir.mkdir(parents=True)
