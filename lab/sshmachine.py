@@ -132,17 +132,21 @@ class SshMachine:
     def _ensure_master(self) -> None:
         """Starts the master connection when there is none (at most once per MASTER_RETRY_S).
         Commands issued before it has logged in connect on their own."""
+        cfg = self.ssh_config
         with self._master_lock:
-            if self._master is not None and self._master.poll() is None:
-                return
+            if self._master is not None:
+                if self._master.poll() is None:
+                    return
+                # A killed master leaves its socket: clients would warn about it on stderr
+                # and a new master could not bind it.
+                self._master = None
+                (cfg.parent / "cm").unlink(missing_ok=True)
             if time.monotonic() - self._master_started < MASTER_RETRY_S:
                 return
             self._master_started = time.monotonic()
-            if self._master is not None:
-                self._master.wait()
             # stdio to /dev/null: the master must not hold a command's pipes open.
             self._master = self._popen(
-                ["ssh", "-F", str(self.ssh_config), "-M", "-N", "-q", "-o", "ControlPersist=no",
+                ["ssh", "-F", str(cfg), "-M", "-N", "-q", "-o", "ControlPersist=no",
                  self.name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -152,7 +156,9 @@ class SshMachine:
         with self._master_lock:
             m, self._master = self._master, None
             self._master_started = -MASTER_RETRY_S
-        _stop(m)
+            _stop(m)
+            if self._dir is not None:
+                (self._dir / "cm").unlink(missing_ok=True)
 
     def execnet_spec(self, python: str = "/usr/bin/python3") -> str:
         # The agent's long session: -q keeps "closed by remote host" (printed straight to

@@ -394,8 +394,15 @@ def test_a_lost_master_is_replaced_and_commands_go_on(tmp_path, sshd, monkeypatc
     assert first is not None and first.poll() is None
     first.kill()                                 # the connection dies (host rebooted, ...)
     first.wait()
-    assert m.run("echo still").out == "still\n"  # by itself, or over a new master
+    r = m.run("echo still")                      # by itself, or over a new master
+    assert (r.out, r.err) == ("still\n", "")     # no word of the dead master's socket
     assert m._master is not first and m._master.poll() is None
+    deadline = time.monotonic() + 10
+    while not (m._dir / "cm").exists():
+        assert time.monotonic() < deadline, "the new master did not take the socket over"
+        time.sleep(0.1)
+    before = accepted(sshd)
+    assert m.run("true").rc == 0 and accepted(sshd) == before
     m.drop_master()                              # before a power cycle
     assert m._master is None and first.poll() is not None
 
