@@ -299,6 +299,7 @@ def _download(rec: dict, deb: pathlib.Path, suite: str) -> None:
     """apt-get download of that exact version (apt checks the file against its index), then
     the same check here, so that a record and a file that disagree are never used."""
     spec = f"{rec['package']}={rec['version']}"
+    _note_old_layout()
     say(f"fetching {spec} from {suite}")
     deb.parent.mkdir(parents=True, exist_ok=True)
     _run(["apt-get", *_apt_options(suite), "download", "-q", spec], cwd=deb.parent,
@@ -352,6 +353,7 @@ def artifact(kind: str, label: str, inputs: object,
         if why is None:
             return root
         say(f"{root}: {why}: making it again from scratch")
+    _note_old_layout()
     return cache.build(CACHE, name, make, {"kind": f"{kind}/{RECIPES[kind]}", "inputs": inputs})
 
 
@@ -669,7 +671,6 @@ def ensure(spec: str | None = None, siw: bool = True, testmod: bool | None = Non
     rdmalab_warn.ko (True), only where it was made before (False), or None: also where it
     costs seconds, a kernel of this machine's suite (no build chroot to make)."""
     with cache_lock():
-        _note_old_layout()
         release, suite = resolve(spec)
         memo = _kernel_memo(release, suite)
         k = _unpack_kernel(release, suite, memo)
@@ -692,8 +693,9 @@ _noted_old_layout = False
 
 
 def _note_old_layout() -> None:
-    """Once per process: a clone's own .cache/vmlab from before the shared cache still holds
-    downloads and builds that nothing reads any more (ignored, never removed here)."""
+    """Once per process, when something is fetched or built: a clone's own .cache/vmlab from
+    before the shared cache may still hold the same, which nothing reads any more (ignored,
+    never removed here)."""
     global _noted_old_layout
     if _noted_old_layout or STATE.resolve() == CACHE.resolve():
         return

@@ -423,3 +423,7 @@ def test_the_old_layout_in_a_clone_is_left_alone_and_noted_once(debian):
     assert (old / "boot" / f"vmlinuz-{REL}").read_bytes() == b"old"
     notes = [s for s in debian.said if "no longer used" in s]
     assert len(notes) == 1 and f"debs, kernel-{REL}" in notes[0] and notes[0].startswith("note:")
+    kernel._noted_old_layout = False  # a later process, which only reuses: nothing to say
+    debian.said.clear()
+    _prepare()
+    assert debian.said == []
