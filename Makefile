@@ -5,18 +5,34 @@ PYTHON     ?= /usr/bin/python3
 JOBS       ?= 2
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
-FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 LAB        ?= model
 OUT        ?= out
 
-DEBS := build-essential cmake ninja-build g++ libgtest-dev googletest nlohmann-json3-dev \
+DEBS := build-essential cmake ninja-build g++ ccache libgtest-dev googletest nlohmann-json3-dev \
         pybind11-dev python3-dev python3-pybind11 python3-pytest python3-execnet \
         libibverbs-dev librdmacm-dev pkg-config prometheus-cpp-dev \
         prometheus prometheus-pushgateway python3-yaml python3-rpyc nftables clang libclang-rt-14-dev \
         openssh-server openssh-client python3-pytest-xdist python3-jinja2
 
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+# What rdmalab keeps between clones on this machine, outside any clone: the compiler cache here,
+# the VM lab's kernels and modules (lab/vmlab/cache.py: $(RDMALAB_CACHE)/vmlab unless VMLAB_CACHE
+# is set; both follow XDG_CACHE_HOME).
+RDMALAB_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rdmalab
+# Debian's ccache: a second clone, or CI on the same machine, compiles only what changed.
+# BASEDIR and NOHASHDIR let clones at different paths share results (the debug info then names
+# the folder of the clone that compiled first).
+export CCACHE_DIR ?= $(RDMALAB_CACHE)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
+export CCACHE_MAXSIZE ?= 5G
+# cmake's configure step, with ccache as the compiler launcher once `make deps` installed it.
+CONFIGURE = cmake -S . -G Ninja $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# The sanitizer builds use clang: it compiles them in half of g++'s time here, and libFuzzer
+# (clang's) shares the ASan+UBSan build.
+SAN_CXX := -DCMAKE_CXX_COMPILER=clang++
 PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
@@ -49,7 +65,8 @@ deps:
 	$(call install_missing,$(DEBS))
 
 # The soft-RoCE VM lab (lab/vmlab, docs/vmlab.md): its host packages, then the kernel, siw.ko and
-# initrd (cached in .cache/vmlab), then two qemu hosts per provider running rping/pingpong.
+# initrd (cached in $(RDMALAB_CACHE)/vmlab, shared by every clone; lab/vmlab/cache.py), then two
+# qemu hosts per provider running rping/pingpong.
 VMLAB_DEBS := $(shell grep -v '^\s*\#' lab/vmlab/deps.txt 2>/dev/null)
 
 vmlab-deps:
@@ -65,20 +82,21 @@ needs = $(if $(PHASE),,$(1))
 
 # all, and the benchmark tools (small; tests/python checks that they still measure).
 build: $(call needs,deps)
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	$(CONFIGURE) -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD) -j$(JOBS) --target all bench-tools
 
 # What the scenarios need from the normal build: the Python module and the fault switch (the
 # VM lab starts while the GoogleTest binaries still build).
 build-module: $(call needs,deps)
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	$(CONFIGURE) -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD) -j$(JOBS) --target _core rdmalab-switch
 
 # The engine and its GoogleTest tests under AddressSanitizer + UBSan (no Python module), at
-# -O1 -g1 with asserts on (CMakeLists.txt).
+# -O1 -g1 with asserts on (CMakeLists.txt), with clang; the switch's libFuzzer target is built
+# in the same tree from the same objects (faults/CMakeLists.txt).
 build-asan: $(call needs,deps)
-	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE= \
-	  -DRDMALAB_SANITIZE=address -DRDMALAB_PYTHON=OFF
+	$(CONFIGURE) -B $(ASAN_BUILD) $(SAN_CXX) -DCMAKE_BUILD_TYPE= \
+	  -DRDMALAB_SANITIZE=address -DRDMALAB_FUZZ=ON -DRDMALAB_PYTHON=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 
 # ThreadSanitizer over the multi-threaded layers: the runtimes (the model's SimRuntime is in
@@ -87,19 +105,16 @@ TSAN_BUILD ?= build-tsan
 TSAN_TESTS := rdmalab_model_tests rdmalab_stack_tests rdmalab_verbs_tests
 
 build-tsan: $(call needs,deps)
-	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE= \
+	$(CONFIGURE) -B $(TSAN_BUILD) $(SAN_CXX) -DCMAKE_BUILD_TYPE= \
 	  -DRDMALAB_SANITIZE=thread -DRDMALAB_PYTHON=OFF
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target $(TSAN_TESTS)
 
-# The switch's frame parser, rule matcher and corrupter under libFuzzer + ASan/UBSan (clang),
-# for FUZZ_SECONDS on a seed corpus of real and built frames; a crash fails the target and
-# leaves crash-* in $(FUZZ_BUILD).
-fuzz: $(call needs,deps)
-	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DRDMALAB_FUZZ=ON -DRDMALAB_PYTHON=OFF
-	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target rdmalab_fuzz_frame rdmalab_fuzz_corpus
-	$(FUZZ_BUILD)/faults/rdmalab_fuzz_corpus $(FUZZ_BUILD)/corpus
-	cd $(FUZZ_BUILD) && ./faults/rdmalab_fuzz_frame -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+# The switch's frame parser, rule matcher and corrupter under libFuzzer + ASan/UBSan (clang,
+# the ASan build's objects), for FUZZ_SECONDS on a seed corpus of real and built frames; a
+# crash fails the target and leaves crash-* in $(ASAN_BUILD).
+fuzz: $(call needs,build-asan)
+	$(ASAN_BUILD)/faults/rdmalab_fuzz_corpus $(ASAN_BUILD)/corpus
+	cd $(ASAN_BUILD) && ./faults/rdmalab_fuzz_frame -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	  -print_final_stats=1 corpus
 
 test-cpp: $(call needs,build)
@@ -143,7 +158,7 @@ test-swarm: $(call needs,build)
 # The switch's fuzz target, bounded, as part of `test` (make fuzz for a longer run).
 TEST_FUZZ_SECONDS ?= 30
 
-test-fuzz:
+test-fuzz: $(call needs,build-asan)
 	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
 # Every suite, in two lanes (tests/phases.py): the VM lab's scenarios, which mostly wait on
@@ -156,21 +171,21 @@ test-fuzz:
 # under the guests. test-browser waits for test-vm-siw's report (done=: also after a failed
 # run, whose report matters most) and ends the side lane.
 TEST_PHASES := \
-  vm:build-module \
+  vm:build-module:ninja=$(BUILD) \
   side:vmlab-prepare \
-  vm:test-vm-rxe:after=build-module,vmlab-prepare \
-  vm:test-vm-siw \
-  vm:test-netns \
+  vm:test-vm-rxe:after=build-module,vmlab-prepare:junit=$(OUT)/vm-rxe/junit.xml,$(OUT)/vm-rxe/junit-vm.xml \
+  vm:test-vm-siw:junit=$(OUT)/vm-siw/junit.xml \
+  vm:test-netns:junit=$(OUT)/netns/junit.xml \
   vm:test-tsan-vm:after=build-tsan \
-  side:build:nice:after=build-module \
+  side:build:nice:after=build-module:ninja=$(BUILD) \
   side:test-cpp:after=build \
   side:test-python:after=build \
   side:test-swarm:nice:after=build \
-  side:test-fuzz:nice \
-  side:build-tsan:nice \
-  side:test-tsan:after=build-tsan \
-  side:build-asan:nice \
+  side:build-asan:nice:ninja=$(ASAN_BUILD) \
   side:test-asan:after=build-asan \
+  side:test-fuzz:nice:after=build-asan \
+  side:build-tsan:nice:ninja=$(TSAN_BUILD) \
+  side:test-tsan:after=build-tsan \
   side:test-browser:nice:done=test-vm-siw
 
 test: deps vmlab-deps
@@ -226,9 +241,10 @@ test-vm-rxe: $(call needs,build-module vmlab-prepare)
 	    --inventory $(INVENTORY); then \
 	  $(VM_PYTEST) tests/scenarios --lab model:roce --lab inventory:$(INVENTORY) \
 	    --vm-hosts $(VM_HOSTS) --rdmalab-timeout 180 -rxXs \
-	    --history-dir $(OUT)/vm-rxe/history || rc=1; \
+	    --history-dir $(OUT)/vm-rxe/history --junitxml $(OUT)/vm-rxe/junit.xml || rc=1; \
 	  echo "== the same guests: inventory checks and a host lost mid-scenario"; \
-	  RDMALAB_INVENTORY=$(INVENTORY) $(VM_PYTEST) tests/vm -rxXs || rc=1; \
+	  RDMALAB_INVENTORY=$(INVENTORY) $(VM_PYTEST) tests/vm -rxXs \
+	    --junitxml $(OUT)/vm-rxe/junit-vm.xml || rc=1; \
 	  $(VMLAB) down --inventory $(INVENTORY) || rc=1; \
 	else rc=1; fi; \
 	exit $$rc
@@ -257,7 +273,8 @@ NETNS_HOSTS  ?= 2
 test-netns: $(call needs,build-module vmlab-prepare)
 	@echo "== scenarios on netns:rxe ($(NETNS_HOSTS) namespaces in one $(NETNS_KERNEL) guest)"
 	$(VM_PYTEST) tests/scenarios --lab model:roce --lab netns:rxe --kernel $(NETNS_KERNEL) \
-	  --vm-hosts $(NETNS_HOSTS) --rdmalab-timeout 180 -rxXs --history-dir $(OUT)/netns/history
+	  --vm-hosts $(NETNS_HOSTS) --rdmalab-timeout 180 -rxXs --history-dir $(OUT)/netns/history \
+	  --junitxml $(OUT)/netns/junit.xml
 
 # The suite on each VM lab device (rxe, siw) and guest kernel (bookworm 6.1, trixie 6.12, sid
 # 7.2): out/matrix/matrix.md, the table README's "Kernel matrix" quotes (copy it there with
@@ -306,4 +323,4 @@ tidy: build
 	clang-tidy -p $(BUILD) --quiet $$(git ls-files 'core/*.cc' 'bindings/*.cc' | grep -v _test.cc)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(OUT) bindings/rdmalab/_core*.so
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz $(OUT) bindings/rdmalab/_core*.so

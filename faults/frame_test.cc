@@ -6,6 +6,7 @@
 
 #include "faults/checksum.h"
 #include "faults/test_frames.h"
+#include "faults/test_paths.h"
 
 namespace rdmalab::faults {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 using namespace testing;  // the frame builders
 
 Frame8 corpus(const std::string& name) {
-  return load_hex(std::filesystem::path(RDMALAB_FAULTS_CORPUS) / (name + ".hex"));
+  return load_hex(std::filesystem::path(corpus_dir()) / (name + ".hex"));
 }
 
 TEST(FrameParse, RcSendOnlyToQpn0x12) {

@@ -20,6 +20,7 @@
 
 #include "faults/checksum.h"
 #include "faults/test_frames.h"
+#include "faults/test_paths.h"
 
 extern char** environ;
 
@@ -602,7 +603,7 @@ TEST(SwitchProcess, RunsAndStopsOnSigterm) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl, sock = dir + "/sw.sock", ctl = dir + "/ctl.sock";
   std::vector<std::string> args = {
-      RDMALAB_SWITCH_EXE, "--sock", sock,     "--peer", dir + "/vm1.sock",
+      switch_exe(), "--sock", sock,     "--peer", dir + "/vm1.sock",
       "--control",        ctl,      "--seed", "7",      "--keep"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -629,7 +630,7 @@ TEST(SwitchProcess, RunsAndStopsOnSigterm) {
   EXPECT_FALSE(fs::exists(sock));
   EXPECT_FALSE(fs::exists(ctl));
 
-  std::vector<std::string> bad = {RDMALAB_SWITCH_EXE, "--peer", "x"};  // no --sock
+  std::vector<std::string> bad = {switch_exe(), "--peer", "x"};  // no --sock
   std::vector<char*> bad_argv;
   for (auto& a : bad) bad_argv.push_back(a.data());
   bad_argv.push_back(nullptr);

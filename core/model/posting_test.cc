@@ -67,7 +67,6 @@ TEST(Posting, QueueFullIsEnomem) {
 
 TEST(Posting, FlushCompletesEveryOutstandingWrInPostingOrder) {
   Two t("ib");
-  RcParams rp;
   t.connect_both();
   t.lab->add_rule({{"action", "drop"}});
   for (uint64_t i = 1; i <= 4; ++i) t.qa->post_send(send_wr(i, *t.a.mr, 8, 0, i % 2 == 0));

@@ -30,8 +30,7 @@ std::vector<uint8_t> private_data_of(const rdma_cm_event& e) {
 
 }  // namespace
 
-std::optional<CmEventType> cm_event_from_rdma(rdma_cm_event_type t) {
-  const int v = static_cast<int>(t);
+std::optional<CmEventType> cm_event_from_rdma(int v) {
   if (v < RDMA_CM_EVENT_ADDR_RESOLVED || v > RDMA_CM_EVENT_TIMEWAIT_EXIT) return std::nullopt;
   return static_cast<CmEventType>(v);
 }
@@ -107,7 +106,10 @@ void VerbsCmEventChannel::loop() {
 }
 
 void VerbsCmEventChannel::deliver(rdma_cm_event* raw) {
-  const std::optional<CmEventType> type = cm_event_from_rdma(raw->event);
+  int number = 0;  // read as an int, not loaded as the enum (cm_event_from_rdma)
+  static_assert(sizeof number == sizeof raw->event);
+  std::memcpy(&number, &raw->event, sizeof number);
+  const std::optional<CmEventType> type = cm_event_from_rdma(number);
   std::unique_lock<std::mutex> lock(mu_);
   Held h;
   h.raw = raw;

@@ -30,7 +30,9 @@ class VerbsCmId;
 class VerbsContext;
 
 // librdmacm's RDMA_CM_EVENT_* as CmEventType; nullopt for events the engine does not model.
-std::optional<CmEventType> cm_event_from_rdma(rdma_cm_event_type t);
+// An int: a newer librdmacm's event number may lie outside rdma_cm_event_type's range, and
+// such a value held in the enum type is undefined behaviour (clang's -fsanitize=enum).
+std::optional<CmEventType> cm_event_from_rdma(int event);
 
 // The one VerbsContext per librdmacm-opened ibv_context in this process.
 std::shared_ptr<VerbsContext> cm_context(ibv_context* verbs, History* history,
