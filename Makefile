@@ -166,9 +166,9 @@ test-fuzz: $(call needs,build-asan)
 # (niced: the guests' timers come first) and suites. Each phase's output goes to
 # $(OUT)/test-phases/<phase>.log (the VM lane's also to the terminal); at the end the failed
 # phases' logs and a per-phase time breakdown are printed. All phases run even when one fails.
-# The VM lane is the longer (measured from a fresh clone on 2 cores: ~1450 s against ~1050 s
-# before the swarm), so the side lane takes the bounded swarm and the fuzz target, both niced
-# under the guests. test-browser waits for test-vm-siw's report (done=: also after a failed
+# The VM lane is the longer (a fresh clone of 2e415e2 on 2 cores: 3936 s against 3410 s; the
+# README's table), so the side lane takes the builds, the bounded swarm and the fuzz target,
+# niced under the guests. test-browser waits for test-vm-siw's report (done=: also after a failed
 # run, whose report matters most) and ends the side lane.
 TEST_PHASES := \
   vm:build-module:ninja=$(BUILD) \
