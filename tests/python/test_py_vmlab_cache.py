@@ -153,15 +153,15 @@ def _flip(path: pathlib.Path, at: int = 10) -> None:
 # ---- where -----------------------------------------------------------------------------
 
 def test_default_homes_honour_xdg_cache_home_and_vmlab_cache(tmp_path):
-    repo = pathlib.Path("/src/clone")
-    assert cache.artifact_home({"HOME": "/home/u"}) == pathlib.Path("/home/u/.cache/rdmalab/vmlab")
-    assert cache.artifact_home({"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"}) == \
-        pathlib.Path("/xdg/rdmalab/vmlab")
-    assert cache.artifact_home({"HOME": "/home/u", "XDG_CACHE_HOME": "rel"}) == \
-        pathlib.Path("/home/u/.cache/rdmalab/vmlab")  # XDG: a relative value is ignored
-    assert cache.state_home(repo, {"XDG_CACHE_HOME": "/xdg"}) == repo / ".cache" / "vmlab"
-    both = {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "VMLAB_CACHE": "/v"}
-    assert cache.artifact_home(both) == cache.state_home(repo, both) == pathlib.Path("/v")
+    repo, home, xdg, own = (tmp_path / n for n in ("clone", "home", "xdg", "own"))
+    assert cache.artifact_home({"HOME": str(home)}) == home / ".cache" / "rdmalab" / "vmlab"
+    assert cache.artifact_home({"HOME": str(home), "XDG_CACHE_HOME": str(xdg)}) == \
+        xdg / "rdmalab" / "vmlab"
+    assert cache.artifact_home({"HOME": str(home), "XDG_CACHE_HOME": "rel"}) == \
+        home / ".cache" / "rdmalab" / "vmlab"  # XDG: a relative value is ignored
+    assert cache.state_home(repo, {"XDG_CACHE_HOME": str(xdg)}) == repo / ".cache" / "vmlab"
+    both = {"HOME": str(home), "XDG_CACHE_HOME": str(xdg), "VMLAB_CACHE": str(own)}
+    assert cache.artifact_home(both) == cache.state_home(repo, both) == own
     # The module's own homes, as a fresh process computes them from its environment.
     code = "from lab.vmlab import kernel; print(kernel.CACHE); print(kernel.STATE)"
     env = {k: v for k, v in os.environ.items() if k != "VMLAB_CACHE"}
