@@ -30,6 +30,7 @@ from .machine import (HostFacts, MachineError, MachineUnreachable, PowerNotSuppo
                       wait_for_ssh)
 
 CONNECT_TIMEOUT_S = 10
+CONTROL = "cm"         # the master's socket, beside the ssh_config
 MASTER_RETRY_S = 5.0   # a master that died is not started again sooner (a host that is down)
 POWER_TIMEOUT_S = 120.0
 
@@ -90,7 +91,7 @@ class SshMachine:
             cfg = d / "ssh_config"
             fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(self.config_text(d / "cm"))
+                f.write(self.config_text(d / CONTROL))
             self._dir = d
             weakref.finalize(self, _cleanup, self._box, str(d))
         return self._dir / "ssh_config"
@@ -140,7 +141,7 @@ class SshMachine:
                 # A killed master leaves its socket: clients would warn about it on stderr
                 # and a new master could not bind it.
                 self._master = None
-                (cfg.parent / "cm").unlink(missing_ok=True)
+                (cfg.parent / CONTROL).unlink(missing_ok=True)
             if time.monotonic() - self._master_started < MASTER_RETRY_S:
                 return
             self._master_started = time.monotonic()
@@ -158,7 +159,7 @@ class SshMachine:
             self._master_started = -MASTER_RETRY_S
             _stop(m)
             if self._dir is not None:
-                (self._dir / "cm").unlink(missing_ok=True)
+                (self._dir / CONTROL).unlink(missing_ok=True)
 
     def execnet_spec(self, python: str = "/usr/bin/python3") -> str:
         # The agent's long session: -q keeps "closed by remote host" (printed straight to

@@ -319,7 +319,7 @@ def _closure(start: str, release: str, opts: list[str]) -> list[str]:
     modules and base; 6.1's headers name their kbuild by major only)."""
     flavour = release.split("-")[-1]
     abi = release.removesuffix(f"-{flavour}")
-    major = ".".join(abi.split(".")[:2])
+    major = _major(abi)
     keep = re.compile(r"linux-(image|binary|modules|base|headers|kbuild)-")
     seen, queue = [start], [start]
     while queue:
@@ -411,6 +411,11 @@ def _find(root: pathlib.Path, candidates: Iterable[str], what: str) -> pathlib.P
     raise KernelError(f"{what} not found under {root} (looked for {', '.join(candidates)})")
 
 
+def _major(release: str) -> str:
+    """6.1 of 6.1.0-56-amd64: what linux-source and 6.1's linux-kbuild are named by."""
+    return ".".join(release.split(".")[:2])
+
+
 def _siw_inputs(k: Kernel, memo: dict, lookup: bool) -> dict | None:
     """siw.ko's inputs: the kernel, linux-source's index record (kept in the kernel's memo
     once read: None when it is not and lookup is False, as siw.ko was never built here) and
@@ -419,8 +424,8 @@ def _siw_inputs(k: Kernel, memo: dict, lookup: bool) -> dict | None:
     if not _valid_record(source):
         if not lookup:
             return None
-        major = ".".join(k.release.split(".")[:2])
-        (source,) = _index_records([f"linux-source-{major}"], _apt_options(k.suite))
+        (source,) = _index_records([f"linux-source-{_major(k.release)}"],
+                                   _apt_options(k.suite))
         memo["source"] = source
         cache.write_json(_memo_path(k.release), memo)
     return {"kernel": k.key, "source": source, "kbuild": SIW_KBUILD}
@@ -429,7 +434,7 @@ def _siw_inputs(k: Kernel, memo: dict, lookup: bool) -> dict | None:
 def _build_siw(k: Kernel, inputs: dict) -> pathlib.Path:
     def make(out: pathlib.Path) -> list[str]:
         (deb,) = _fetch([inputs["source"]], k.suite)
-        _siw_sources(deb, out, ".".join(k.release.split(".")[:2]))
+        _siw_sources(deb, out, _major(k.release))
         (out / "Kbuild").write_text(SIW_KBUILD)
         _make_modules("siw.ko", k, out)
         if not (out / "siw.ko").exists():
@@ -683,8 +688,9 @@ def ensure(spec: str | None = None, siw: bool = True, testmod: bool | None = Non
         if testmod is None:
             testmod = suite.split("-")[0] == "bookworm"
         tko: pathlib.Path | None = None
-        if testmod or _complete("testmod", release, _testmod_inputs(k)):
-            tko = _build_testmod(k, _testmod_inputs(k))
+        tinputs = _testmod_inputs(k)
+        if testmod or _complete("testmod", release, tinputs):
+            tko = _build_testmod(k, tinputs)
         return dataclasses.replace(k, siw_ko=ko, testmod_ko=tko)
 
 
