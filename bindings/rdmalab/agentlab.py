@@ -10,7 +10,8 @@ machines (lab.inventory, `--lab inventory:PATH`); the lab drives both the same w
 
 The controller's clock is its CLOCK_MONOTONIC; each agent's offset is measured at start, so the
 merged history orders records of all hosts on one time line. Each host's records are followed
-as they are written (every FOLLOW_S), so a host lost mid-scenario keeps what it said until then.
+as they are written (a fetch waits in the agent for the next, up to FOLLOW_WAIT_S), so a host
+lost mid-scenario keeps what it said until then.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from .remote import Agent
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HISTORY_TAIL = 50
 POLL_S = 0.002
-FOLLOW_S = 0.1  # how often each host's new records are fetched (and its agent checked)
+FOLLOW_WAIT_S = 1.0  # how long one fetch of a host's records waits in its agent for the next
+# Between two fetches: a host writing records all the time (a drain, a burst) is fetched ten
+# times a second, not once per record (each fetch costs a TCG guest ~10 ms of its one CPU).
+FOLLOW_S = 0.1
 AGENT_DIR = "/var/tmp/rdmalab-agent"  # where the controller ships its agent on a host
 
 
@@ -1027,9 +1031,10 @@ class AgentLab:
                     machines={n: m.name for n, m in self._machines.items()}, healed=healed,
                     kernels={n: pool.kernels.get(m.name, "") for n, m in self._machines.items()})
         self._stop_follow = threading.Event()
-        self._follower = threading.Thread(target=self._follow_loop, daemon=True,
-                                          name=f"follow-{self.description}")
-        self._follower.start()
+        self._followers = [threading.Thread(target=self._follow, args=(n,), daemon=True,
+                                            name=f"follow-{n}") for n in names]
+        for t in self._followers:
+            t.start()
 
     # -- what this lab can do (rdmalab.protocol)
     @property
@@ -1176,16 +1181,17 @@ class AgentLab:
             agent.broken = f"host lost: {info['error']}"
         self.record("host_lost", object="host", host=name, **info)
 
-    def _fetch(self, name: str) -> list[dict]:
-        """The host's records so far: what was followed, plus anything new from its agent."""
-        agent = self._agents[name]
-        with self._lock:
-            known = self._followed[name]
-            if agent.broken or agent.lab is None or name in self._sealed:
-                return known
+    def _fetch(self, name: str, wait_s: float = 0.0) -> list[dict]:
+        """The host's records so far: what was followed, plus anything new from its agent
+        (waiting there up to wait_s for the next)."""
+        agent, known = self._fetchable(name)
+        if known is None:
+            return self._followed[name]
         try:
-            text = agent.lab._o.history_since_jsonl(len(known))
+            text = agent.history_after(len(known), wait_s)
         except Exception as e:
+            if name in self._sealed:  # archived meanwhile: its agent may be going on purpose
+                return self._followed[name]
             if isinstance(e, (EOFError, OSError)) or agent.conn.closed:
                 self._lose(name, e)
             return self._followed[name]
@@ -1207,12 +1213,20 @@ class AgentLab:
             out.append(r)
         return out
 
-    def _follow_loop(self) -> None:
+    def _fetchable(self, name: str) -> tuple[Agent, Optional[list[dict]]]:
+        """The host's agent and followed records; None for the records when that agent cannot
+        be asked (broken, no lab, archived)."""
+        with self._lock:
+            agent = self._agents[name]
+            if agent.broken or agent.lab is None or name in self._sealed:
+                return agent, None
+            return agent, self._followed[name]
+
+    def _follow(self, name: str) -> None:
+        """Follows one host: each fetch waits in its agent for the next records."""
         while not self._stop_follow.wait(FOLLOW_S):
-            for name in list(self._agents):
-                if self._stop_follow.is_set():
-                    return
-                self._fetch(name)
+            if self._fetchable(name)[1] is not None:
+                self._fetch(name, FOLLOW_WAIT_S)
 
     # -- time (wall clock: devices run on their own)
     def run_for(self, duration_ns: int) -> None:
@@ -1421,7 +1435,8 @@ class AgentLab:
                     agent.broken = agent.broken or f"lab shutdown failed: {e}"
                     errors.append(e)
             self._stop_follow.set()
-            self._follower.join(5.0)
+            for t in self._followers:
+                t.join(FOLLOW_WAIT_S + 5.0)
             try:
                 self._faults.restore_devices()  # contexts closed: removals can finish
             except Exception as e:

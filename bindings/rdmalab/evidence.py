@@ -287,7 +287,7 @@ class Collector:
     def _agent_call(self, host: str, fn: str, *args) -> Callable[[], object]:
         def call():
             agent = self.lab.agent_for(host)
-            f = getattr(agent.module("rdmalab.evidence"), fn)
+            f = agent.function("rdmalab.evidence", fn)
             return _obtain(agent.call_with_deadline(f, _DEADLINE_S.get(fn, HOST_DEADLINE_S),
                                                     f"evidence {fn}", *args))
         return call

@@ -114,7 +114,74 @@ if rpyc is not None:
 
     from rpyc.core.protocol import Connection as _Connection
 
-    class ThreadedConnection(_Connection):
+    def _method_caching(cls, methods):
+        """cls (a netref class) remade so that its instances keep the netref of each bound
+        method they hand out: rpyc resolves every `proxy.method` with a GETATTR round trip
+        and drops the bound method with a DEL after the call. Kept, a call is one round trip.
+        Only names the remote class defines as callables are kept (an instance attribute is
+        fetched each time); setting or deleting the name through the proxy forgets it.
+        Remade with type(), as rpyc's class_factory makes it, not subclassed: a subclass
+        would call the remote class's __init_subclass__ through the proxy."""
+        names = frozenset(str(n) for n, _ in methods) - netref.LOCAL_ATTRS
+        base = netref.BaseNetref
+
+        def __init__(self, conn, id_pack):
+            base.__init__(self, conn, id_pack)
+            object.__setattr__(self, "____methods__", {})
+
+        def __getattribute__(self, name):
+            if name not in names:
+                return base.__getattribute__(self, name)
+            kept = object.__getattribute__(self, "____methods__")
+            m = kept.get(name)
+            if m is None:
+                m = kept[name] = base.__getattribute__(self, name)
+            return m
+
+        def __setattr__(self, name, value):
+            if name not in netref.LOCAL_ATTRS:
+                object.__getattribute__(self, "____methods__").pop(name, None)
+            base.__setattr__(self, name, value)
+
+        def __delattr__(self, name):
+            if name not in netref.LOCAL_ATTRS:
+                object.__getattribute__(self, "____methods__").pop(name, None)
+            base.__delattr__(self, name)
+
+        ns = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+        ns.update(__slots__=("____methods__",), __init__=__init__,
+                  __getattribute__=__getattribute__, __setattr__=__setattr__,
+                  __delattr__=__delattr__)
+        return type(cls.__name__, (base,), ns)
+
+    class CachingConnection(_Connection):
+        """An RPyC connection that asks the other side for an instance's class once per class.
+        rpyc 5.3 caches netref classes for remote classes only: every new remote instance (a
+        completion, an event, a report) cost a HANDLE_INSPECT round trip, about a fifth of a
+        scenario's round trips to a TCG guest, where each costs ~10 ms of its CPU. What
+        INSPECT answers depends only on the remote type (rpyc.lib.get_methods walks
+        type(obj).__mro__), so the class made for one instance serves every instance of
+        that type."""
+
+        def __init__(self, *args, **kw):
+            self._instance_classes: dict = {}
+            super().__init__(*args, **kw)
+
+        def _netref_factory(self, id_pack):
+            name_pack, class_id, instance_id = id_pack
+            if instance_id == 0 or name_pack in netref.builtin_classes_cache:
+                return super()._netref_factory(id_pack)
+            cls = self._instance_classes.get((name_pack, class_id))
+            if cls is None:
+                methods = tuple(self.sync_request(consts.HANDLE_INSPECT, id_pack))
+                cls = _method_caching(netref.class_factory(id_pack, methods), methods)
+                self._instance_classes[(name_pack, class_id)] = cls
+            return cls(self, id_pack)
+
+    class ControllerService(rpyc.ClassicService):
+        _protocol = CachingConnection
+
+    class ThreadedConnection(CachingConnection):
         """The agent's side of the connection: each request runs in a worker thread.
 
         RPyC dispatches a request in the thread that read it, holding the receive lock. In the
@@ -200,6 +267,8 @@ class Agent:
         self.lab = None
         self.broken = ""  # why this agent can no longer be trusted ("" = fine)
         self.offset_ns = 0  # controller clock - agent clock (CLOCK_MONOTONIC each)
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
         self._server = _Serve(conn, host)
         self._server.start()
         _AGENTS[id(conn)] = self
@@ -211,19 +280,36 @@ class Agent:
         controller's own package (a host that sees this checkout, a local subprocess)."""
         if channel is None:
             channel = gateway.remote_exec(AGENT_BOOT.format(bindings=BINDINGS))
-        conn = rpyc.connect_stream(ExecnetStream(channel), service=rpyc.ClassicService,
+        conn = rpyc.connect_stream(ExecnetStream(channel), service=ControllerService,
                                    config=RPYC_CONFIG)
         return cls(gateway, conn, host)  # new_lab measures the clock offset it uses
 
     def module(self, name: str):
-        return self.conn.modules[name]
+        """The agent's module `name` (kept: asking for it is a round trip)."""
+        mod = self._modules.get(name)
+        if mod is None:
+            mod = self._modules[name] = self.conn.modules[name]
+        return mod
+
+    def function(self, module: str, name: str):
+        """The agent's module-level callable module.name (kept, as modules are)."""
+        fn = self._functions.get((module, name))
+        if fn is None:
+            fn = self._functions[(module, name)] = getattr(self.module(module), name)
+        return fn
+
+    def history_after(self, since: int, wait_s: float) -> str:
+        """The agent lab's records from seq `since` on as JSON lines, waiting in the agent up
+        to wait_s for the first (rdmalab.agent.history_after): one round trip per batch."""
+        return self.function("rdmalab.agent", "history_after")(self.lab, since, wait_s)
 
     def new_lab(self, seed: int, host: str, addresses: dict[str, str]):
         """A fresh verbs lab in the agent, its one host named as the scenario names it."""
         if self.lab is not None:
             self.close_lab()
         self.host = host
-        self.lab = self.module("rdmalab.lab").verbs_lab(seed, host, tuple(addresses.items()))
+        self.lab = self.function("rdmalab.lab", "verbs_lab")(seed, host,
+                                                            tuple(addresses.items()))
         self.sync_clock()
         # The agent's times (history, events, deadlines) on the controller's clock.
         self.lab._o.set_clock_offset(self.offset_ns)
@@ -269,7 +355,7 @@ class Agent:
 
     def call(self, module: str, name: str, *args, **kw):
         """module.name(*args, **kw) in the agent; the agent's lab replaces a lab argument."""
-        return getattr(self.module(module), name)(*args, **kw)
+        return self.function(module, name)(*args, **kw)
 
     def close(self, deadline_s: float = CLOSE_DEADLINE_S) -> None:
         if not self.broken:

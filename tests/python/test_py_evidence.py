@@ -75,9 +75,9 @@ class Agent:
     def __init__(self, side, hang=False):
         self.side, self.hang, self.offset_ns = side, hang, 0
 
-    def module(self, name):
-        assert name == "rdmalab.evidence"
-        return self.side
+    def function(self, module, name):
+        assert module == "rdmalab.evidence"
+        return getattr(self.side, name)
 
     def call_with_deadline(self, fn, deadline_s, what, *args):
         if self.hang:
