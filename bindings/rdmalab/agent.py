@@ -33,11 +33,34 @@ def _name_process() -> None:
         pass
 
 
+def stacks_path(pid: int) -> str:
+    """Where the agent of process pid writes its Python stacks on SIGUSR1."""
+    return f"/tmp/rdmalab-agent-{pid}.stacks"
+
+
+_STACKS = None  # the open file faulthandler writes to (kept open for the process's life)
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 writes every thread's Python stack to stacks_path(): what a stuck agent was
+    doing, read by its controller through the machine's own channel (AgentLab.shutdown)."""
+    global _STACKS
+    import faulthandler
+    import os
+    import signal
+    try:
+        _STACKS = open(stacks_path(os.getpid()), "w")
+        faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
+    except (OSError, AttributeError, ValueError):  # not Linux, or no /tmp: no dump
+        pass
+
+
 def serve(channel) -> None:
     """Serves the controller until the channel closes (execnet's remote_exec body)."""
     import rpyc
 
     _name_process()
+    _dump_stacks_on_sigusr1()
 
     from .remote import RPYC_CONFIG, AgentService, ExecnetStream
     conn = rpyc.connect_stream(ExecnetStream(channel), service=AgentService,

@@ -41,6 +41,8 @@ FOLLOW_WAIT_S = 1.0  # how long one fetch of a host's records waits in its agent
 # Between two fetches: a host writing records all the time (a drain, a burst) is fetched ten
 # times a second, not once per record (each fetch costs a TCG guest ~10 ms of its one CPU).
 FOLLOW_S = 0.1
+STUCK_DUMP_S = 30.0  # reading a stuck agent's stacks through its machine's channel
+STUCK_DUMP_CHARS = 20000  # kept of that dump (the end: the Python stacks)
 AGENT_DIR = "/var/tmp/rdmalab-agent"  # where the controller ships its agent on a host
 
 
@@ -182,6 +184,7 @@ class AgentPool:
             # `uname -r` from the agent just started: not one more SSH session (seconds to a
             # TCG guest, on every start after a reboot).
             self.kernels[machine.name] = str(agent.module("os").uname().release)
+            agent.pid = int(agent.function("os", "getpid")())
             if not inst.built_on_host:  # the controller's engine loaded there
                 self._loaded[machine.name] = inst.version
             return agent
@@ -1406,6 +1409,28 @@ class AgentLab:
             if proc.agent is not None and proc.agent.lab is not None:
                 proc.agent.lab.check_errors()
 
+    def record_stuck(self, name: str, agent: Agent) -> None:
+        """What a stuck agent (a lab shutdown, an evidence call past its deadline) was doing, read through its machine's own channel before the
+        pool restarts it: each thread's state, wait channel and kernel stack, and every
+        Python stack (SIGUSR1: rdmalab.agent). The `agent_stuck` record keeps it; stderr
+        shows it in the scenario's report."""
+        from .agent import stacks_path
+        pid, m = agent.pid, self._machines[name]
+        cmd = (f"kill -USR1 {pid} && sleep 1; for t in /proc/{pid}/task/*; do "
+               "echo \"== thread $(cat $t/comm) state $(cut -d' ' -f3 $t/stat) "
+               "wchan $(cat $t/wchan)\"; cat $t/stack; done; "
+               f"echo '== python stacks'; cat {stacks_path(pid)}")
+        try:
+            r = m.run(cmd, STUCK_DUMP_S, root=True)
+            text = r.out + (f"\n(stderr) {r.err}" if r.err.strip() else "")
+        except Exception as e:  # the machine itself may be gone
+            text = f"could not be read: {type(e).__name__}: {e}"
+        text = text[-STUCK_DUMP_CHARS:]
+        self.record("agent_stuck", object="host", host=name, machine=m.name, pid=pid,
+                    stacks=text)
+        print(f"rdmalab: {name} ({m.name}): agent pid {pid} stuck ({agent.broken}); its "
+              f"threads:\n{text}", file=sys.stderr)
+
     # -- lifetime
     def shutdown(self) -> None:
         if self._shut:
@@ -1432,6 +1457,8 @@ class AgentLab:
                 try:
                     agent.close_lab()
                 except Exception as e:  # the others still close; the next lab heals it
+                    if isinstance(e, Hung):
+                        self.record_stuck(name, agent)
                     agent.broken = agent.broken or f"lab shutdown failed: {e}"
                     errors.append(e)
             self._stop_follow.set()

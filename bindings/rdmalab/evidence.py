@@ -33,6 +33,7 @@ import time
 from typing import Callable, Optional
 
 from . import kernlog
+from .errors import Hung
 
 RES_KINDS = ("qp", "cm_id", "mr", "cq", "pd")
 HOST_DEADLINE_S = 10.0     # one agent call (rdma res and kmsg on a TCG guest take ~0.1 s)
@@ -166,8 +167,10 @@ def host_res(device: str = "") -> dict:
     return rdma_res(device)
 
 
-def host_end(mark: Optional[dict]) -> dict:
-    """After the lab's shutdown: the kernel log since mark."""
+def host_end(mark_json: str) -> dict:
+    """After the lab's shutdown: the kernel log since the mark host_begin gave (as JSON: a
+    dict would go by reference, each of its reads a call back to the controller)."""
+    mark = json.loads(mark_json) if mark_json else None
     return {"kmsg": kernlog.kmsg_since(mark, max_records=MAX_KMSG_RECORDS),
             "clock": kernlog.clock_pair()}
 
@@ -288,8 +291,14 @@ class Collector:
         def call():
             agent = self.lab.agent_for(host)
             f = agent.function("rdmalab.evidence", fn)
-            return _obtain(agent.call_with_deadline(f, _DEADLINE_S.get(fn, HOST_DEADLINE_S),
-                                                    f"evidence {fn}", *args))
+            try:
+                return _obtain(agent.call_with_deadline(
+                    f, _DEADLINE_S.get(fn, HOST_DEADLINE_S), f"evidence {fn}", *args))
+            except Hung:
+                record_stuck = getattr(self.lab, "record_stuck", None)
+                if record_stuck is not None:
+                    record_stuck(host, agent)
+                raise
         return call
 
 
@@ -458,7 +467,8 @@ class Collector:
             if h not in self._marks and not self.shared_kernel:
                 self.errors.append(f"{h}: no kernel-log mark at the start: its log is not "
                                    "judged")
-        got = self._parallel([(h, "kernel log", self._agent_call(h, "host_end", self._marks[h]))
+        got = self._parallel([(h, "kernel log", self._agent_call(h, "host_end",
+                                                              json.dumps(self._marks[h])))
                               for h in readers])
         records: list[dict] = []
         for (reader, _), r in sorted(got.items()):

@@ -267,6 +267,7 @@ class Agent:
         self.lab = None
         self.broken = ""  # why this agent can no longer be trusted ("" = fine)
         self.offset_ns = 0  # controller clock - agent clock (CLOCK_MONOTONIC each)
+        self.pid = 0  # the agent's process id on its machine (0: not asked)
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
         self._server = _Serve(conn, host)

@@ -59,8 +59,8 @@ class HostSide:
                 "kmsg": {"boot_id": "boot-1", "seq": 100, "error": ""} if kmsg else None,
                 "clock": (time.time_ns(), time.monotonic_ns())}
 
-    def host_end(self, mark):
-        assert mark["seq"] == 100
+    def host_end(self, mark_json):
+        assert json.loads(mark_json)["seq"] == 100
         records = [[101, 5_000_000, 6, "rdma_rxe: an ordinary line"]]
         if self.splat:
             records += [[102, 5_100_000, 4, WARN_AT + "+0x6f1/0xaf0 [rdma_rxe]"],

@@ -14,7 +14,11 @@ PLUGIN = ("-p", "rdmalab.pytest_plugin")
 
 def run(pytester, source, *args):
     pytester.makepyfile(test_gen=source)
-    return pytester.runpytest(*PLUGIN, *args)
+    # The inner run is a session of its own, not an xdist worker of this one (a worker does
+    # not probe inventories: its controller did).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTEST_XDIST_WORKER", raising=False)
+        return pytester.runpytest(*PLUGIN, *args)
 
 
 def test_lab_option_parsing():
