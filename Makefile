@@ -161,21 +161,21 @@ TEST_FUZZ_SECONDS ?= 30
 test-fuzz: $(call needs,build-asan)
 	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
-# Every suite, in two lanes (tests/phases.py): the VM lab's scenarios, which mostly wait on
-# protocol timers, start as soon as the Python module is built; beside them the other builds
-# (niced: the guests' timers come first) and suites. Each phase's output goes to
-# $(OUT)/test-phases/<phase>.log (the VM lane's also to the terminal); at the end the failed
+# Every suite, in three lanes (tests/phases.py): the VM lab's scenarios start as soon as the
+# Python module is built, in two lanes of their own (the rxe inventory guests; siw, then the
+# netns lab): a lab's guests leave about half of the 2 cores idle while its scenarios wait on
+# protocol timers and round trips, which the other lab's guests then use. Beside them the other
+# builds (niced: the guests' timers come first) and suites. Each phase's output goes to
+# $(OUT)/test-phases/<phase>.log (the first lane's also to the terminal); at the end the failed
 # phases' logs and a per-phase time breakdown are printed. All phases run even when one fails.
-# The VM lane is the longer (a fresh clone of 2e415e2 on 2 cores: 3936 s against 3410 s; the
-# README's table), so the side lane takes the builds, the bounded swarm and the fuzz target,
-# niced under the guests. test-browser waits for test-vm-siw's report (done=: also after a failed
-# run, whose report matters most) and ends the side lane.
+# test-browser waits for test-vm-siw's report (done=: also after a failed run, whose report
+# matters most) and ends the side lane.
 TEST_PHASES := \
   vm:build-module:ninja=$(BUILD) \
   side:vmlab-prepare \
   vm:test-vm-rxe:after=build-module,vmlab-prepare:junit=$(OUT)/vm-rxe/junit.xml,$(OUT)/vm-rxe/junit-vm.xml \
-  vm:test-vm-siw:junit=$(OUT)/vm-siw/junit.xml \
-  vm:test-netns:junit=$(OUT)/netns/junit.xml \
+  vm2:test-vm-siw:after=build-module,vmlab-prepare:junit=$(OUT)/vm-siw/junit.xml \
+  vm2:test-netns:after=build-module,vmlab-prepare:junit=$(OUT)/netns/junit.xml \
   vm:test-tsan-vm:after=build-tsan \
   side:build:nice:after=build-module:ninja=$(BUILD) \
   side:test-cpp:after=build \
