@@ -55,6 +55,20 @@ def _dump_stacks_on_sigusr1() -> None:
         pass
 
 
+def _drop_stacks_file() -> None:
+    """The stacks file goes with the agent: a real host's /tmp is not wiped by a reboot."""
+    if _STACKS is not None:
+        import faulthandler
+        import os
+        import signal
+        faulthandler.unregister(signal.SIGUSR1)
+        _STACKS.close()
+        try:
+            os.unlink(_STACKS.name)
+        except OSError:
+            pass
+
+
 def serve(channel) -> None:
     """Serves the controller until the channel closes (execnet's remote_exec body)."""
     import rpyc
@@ -69,6 +83,7 @@ def serve(channel) -> None:
         conn.serve_all()
     finally:
         shutdown_all()
+        _drop_stacks_file()
 
 
 HISTORY_POLL_S = 0.05  # how often history_after looks again, in the agent (no round trip)

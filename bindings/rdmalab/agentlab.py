@@ -889,7 +889,7 @@ class AgentProcess:
             self._agent.new_lab(lab.seed, host, lab.addresses)
             self.host = self._agent.lab.host(host)
             self._proc = self.host.process(name)
-            self.pid = int(self._agent.module("os").getpid())
+            self.pid = self._agent.pid
         except BaseException:
             self._agent.close(deadline_s=5.0)
             raise
@@ -1228,8 +1228,7 @@ class AgentLab:
     def _follow(self, name: str) -> None:
         """Follows one host: each fetch waits in its agent for the next records."""
         while not self._stop_follow.wait(FOLLOW_S):
-            if self._fetchable(name)[1] is not None:
-                self._fetch(name, FOLLOW_WAIT_S)
+            self._fetch(name, FOLLOW_WAIT_S)  # at once for a host it cannot ask
 
     # -- time (wall clock: devices run on their own)
     def run_for(self, duration_ns: int) -> None:
@@ -1410,9 +1409,9 @@ class AgentLab:
                 proc.agent.lab.check_errors()
 
     def record_stuck(self, name: str, agent: Agent) -> None:
-        """What a stuck agent (a lab shutdown, an evidence call past its deadline) was doing, read through its machine's own channel before the
-        pool restarts it: each thread's state, wait channel and kernel stack, and every
-        Python stack (SIGUSR1: rdmalab.agent). The `agent_stuck` record keeps it; stderr
+        """What a stuck agent (a lab shutdown, an evidence call past its deadline) was doing,
+        read through its machine's own channel before the pool restarts it: each thread's
+        state, wait channel and kernel stack, and every Python stack (SIGUSR1: rdmalab.agent). The `agent_stuck` record keeps it; stderr
         shows it in the scenario's report."""
         from .agent import stacks_path
         pid, m = agent.pid, self._machines[name]

@@ -291,13 +291,13 @@ class Collector:
         def call():
             agent = self.lab.agent_for(host)
             f = agent.function("rdmalab.evidence", fn)
+            broken_before = agent.broken
             try:
                 return _obtain(agent.call_with_deadline(
                     f, _DEADLINE_S.get(fn, HOST_DEADLINE_S), f"evidence {fn}", *args))
             except Hung:
-                record_stuck = getattr(self.lab, "record_stuck", None)
-                if record_stuck is not None:
-                    record_stuck(host, agent)
+                if not broken_before:  # stuck in this call, not refused as broken already
+                    self.lab.record_stuck(host, agent)
                 raise
         return call
 

@@ -74,14 +74,18 @@ class HostSide:
 class Agent:
     def __init__(self, side, hang=False):
         self.side, self.hang, self.offset_ns = side, hang, 0
+        self.broken = ""
 
     def function(self, module, name):
         assert module == "rdmalab.evidence"
         return getattr(self.side, name)
 
     def call_with_deadline(self, fn, deadline_s, what, *args):
+        if self.broken:
+            raise Hung(what, f"agent is broken: {self.broken}")
         if self.hang:
-            raise Hung(what, f"{what} did not return within {deadline_s} s")
+            self.broken = f"{what} did not return within {deadline_s} s"
+            raise Hung(what, self.broken)
         return fn(*args)
 
 
@@ -103,6 +107,7 @@ class FakeLab:
         self.machines = {"a": Machine("vm1", MAC_A), "b": Machine("vm2", MAC_B)}
         self.agents = {h: Agent(HostSide(splat), hang=h in hang) for h in self.addresses}
         self.lost = {h: {"machine": self.machines[h].name} for h in lost}
+        self.stuck = []
         self.t0_ns = time.monotonic_ns()
         self.merged = []
         self.faults = Faults()
@@ -110,6 +115,9 @@ class FakeLab:
 
     def machine_of(self, h):
         return self.machines[h]
+
+    def record_stuck(self, h, agent):
+        self.stuck.append(h)
 
     def agent_for(self, h):
         return self.agents[h]
@@ -251,6 +259,7 @@ def test_a_lost_or_hung_host_is_noted_not_waited_for(tmp_path):
     assert time.monotonic() - t < 5.0
     errors = json.loads((tmp_path / "ev" / "manifest.json").read_text())["errors"]
     assert any(e.startswith("a: begin: Hung") for e in errors), errors
+    assert lab.stuck == ["a"]  # its stacks recorded before anyone restarts it
     assert any(e.startswith("b: begin: the host was lost") for e in errors), errors
     assert any("no kernel-log mark" in e for e in errors), errors
 
