@@ -60,8 +60,13 @@ class DeployError(RuntimeError):
 
 # -- the bundle ---------------------------------------------------------------------------------
 
+# Read once, at import: sysconfig's first read is not thread-safe (CPython gh-92452), and
+# an agent pool starts its hosts' agents side by side.
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
 def _ext_suffix() -> str:
-    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return _EXT_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +375,11 @@ def ensure_agent(machine: Machine, repo: Path, agent_dir: str = AGENT_DIR,
     # loads, or the directory is made ready for a copy (after a guest's reboot its tmpfs has
     # nothing). A host build leaves build.log beside READY; a copy does not.
     t0 = time.monotonic()
-    probe = machine.run(f"if test -f {q(v)}/READY && " + _py(FIT_CHECK, v) + "; then "
+    # An install of a version an agent ran from here already (a reboot that kept agent_dir) is
+    # checked for its files, not imported: the agent's own start imports it.
+    fits = (f"test -f {q(v)}/rdmalab/{q(Path(b.engine).name)}" if loaded_before == b.version
+            else _py(FIT_CHECK, v))
+    probe = machine.run(f"if test -f {q(v)}/READY && {fits}; then "
                         f"{{ test -f {q(v)}/build.log && echo BUILT-ON-HOST; echo {INSTALLED}; }}"
                         f"; else {prepare} || exit {PREPARE_FAILED}; fi", timeout=60)
     if probe.rc == 0 and not probe.timed_out and INSTALLED in probe.out.split():

@@ -32,7 +32,7 @@ from .errors import FaultNotSupported, HostLost, Hung
 from .errors import make_error as _make_error
 from .faults import NoFaults
 from .protocol import WIRE_PLACEMENT
-from .remote import Agent
+from .remote import Agent, obtain
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HISTORY_TAIL = 50
@@ -73,6 +73,35 @@ def device_label(device: str) -> str:
     return re.sub(r"_?\d+$", "", device) or device
 
 
+def each_host(fn: Callable, items: list) -> list:
+    """fn(item) for every item at once, one thread each, results in items' order. The hosts
+    are machines of their own (a TCG guest is a qemu process of its own): their starts and
+    checks, each seconds of a guest's CPU, need not wait for one another. The first error
+    (in items' order) is raised once every call has ended."""
+    items = list(items)
+    if len(items) < 2:
+        return [fn(i) for i in items]
+    out: list = [None] * len(items)
+    errs: list = [None] * len(items)
+
+    def run(k: int) -> None:
+        try:
+            out[k] = fn(items[k])
+        except BaseException as e:  # handed to the caller's thread
+            errs[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"rdmalab-host-{k}", daemon=True)
+               for k in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errs:
+        if e is not None:
+            raise e
+    return out
+
+
 class AgentPool:
     """Machines with their agents; labs come and go on them. `owner` (the VM lab's guests, an
     inventory's locks) is closed with the pool."""
@@ -93,9 +122,16 @@ class AgentPool:
         # there (kept across reboots: a copy shipped again needs no import to be trusted)
         self._loaded: dict[str, str] = {}
         self.kernels: dict[str, str] = {}  # machine name -> `uname -r` at its agent's start
-        try:
-            for m in self.machines:  # inventory_pool health-checked them as it chose them
-                self.agents.append(self.start_agent(m))
+        try:  # inventory_pool health-checked them as it chose them
+            started: list = [None] * len(self.machines)
+
+            def start(k: int) -> None:
+                started[k] = self.start_agent(self.machines[k])
+
+            try:
+                each_host(start, range(len(self.machines)))
+            finally:  # the ones that started are closed with the pool
+                self.agents = [a for a in started if a is not None]
             self.warm_data_path()
         except BaseException:
             self.close()
@@ -117,7 +153,8 @@ class AgentPool:
         otherwise spent over a second on it (seen on siw). Also proves the path carries."""
         machines = list(machines or self.machines)
         end = time.monotonic() + deadline_s
-        for m in machines:
+
+        def warm(m) -> None:
             for peer in self.machines:
                 if peer is m:
                     continue
@@ -133,6 +170,8 @@ class AgentPool:
                         raise Hung(f"{m.name}: ARP {ip}", f"{m.name} cannot resolve {ip} on "
                                    f"{dev} after {deadline_s} s: {out!r}")
                     time.sleep(0.1)
+
+        each_host(warm, machines)
 
     def start_agent(self, machine) -> Agent:
         """A new agent (its own python process) on machine, over a new SSH session, from the
@@ -222,13 +261,14 @@ class AgentPool:
     def heal(self) -> list[str]:
         """Restarts each machine whose agent is broken (a shutdown stuck in the kernel, a lost
         host) and returns what was healed and why."""
-        healed = []
-        for i, agent in enumerate(self.agents):
-            if not agent.broken:
-                continue
-            healed.append(f"{self.machines[i].name}: {agent.broken}")
-            agent.close(deadline_s=5.0)
+        broken = [i for i, agent in enumerate(self.agents) if agent.broken]
+        healed = [f"{self.machines[i].name}: {self.agents[i].broken}" for i in broken]
+
+        def heal_one(i: int) -> None:
+            self.agents[i].close(deadline_s=5.0)
             self.restart(i)
+
+        each_host(heal_one, broken)
         return healed
 
     def after_run(self, settle_s: float = 2.0) -> list[str]:
@@ -239,8 +279,7 @@ class AgentPool:
             return []
         _repo_on_path()
         from lab import hostcheck
-        found = []
-        for m in self.machines:
+        def check(m) -> list[str]:
             try:
                 problems = hostcheck.health_check(m)
                 if problems:  # an agent that just exited: the kernel may still be releasing
@@ -248,7 +287,9 @@ class AgentPool:
                     problems = hostcheck.health_check(m)
             except Exception as e:  # the host went away
                 problems = [f"{m.name}: health check failed: {e}"]
-            found += problems
+            return problems
+
+        found = [p for problems in each_host(check, self.machines) for p in problems]
         self.leaks += found
         return found
 
@@ -381,22 +422,26 @@ def inventory_pool(path: str, hosts: int = 2,
                     passed.append(f"switch {switch!r} is used by another rdmalab run")
                     continue
                 locks.append(lock)
-            for m in group:
-                if len(chosen) == hosts:
-                    break
-                lock = hostcheck.HostLock(m)
-                try:
-                    lock.acquire(30.0)
-                except MachineError as e:
-                    passed.append(str(e))
-                    continue
-                problems = hostcheck.health_check(m)
-                if problems:
-                    lock.release()
-                    passed.append(f"{m.name}: not healthy: {'; '.join(problems)}")
-                    continue
-                chosen.append(m)
-                locks.append(lock)
+            left = list(group)
+            while left and len(chosen) < hosts:
+                batch = []  # as many as still wanted, locked, then checked side by side
+                while left and len(chosen) + len(batch) < hosts:
+                    m = left.pop(0)
+                    lock = hostcheck.HostLock(m)
+                    try:
+                        lock.acquire(30.0)
+                    except MachineError as e:
+                        passed.append(str(e))
+                        continue
+                    batch.append((m, lock))
+                for (m, lock), problems in zip(
+                        batch, each_host(lambda b: hostcheck.health_check(b[0]), batch)):
+                    if problems:
+                        lock.release()
+                        passed.append(f"{m.name}: not healthy: {'; '.join(problems)}")
+                        continue
+                    chosen.append(m)
+                    locks.append(lock)
             if len(chosen) == hosts:
                 break
             if chosen:  # too few free on this fabric: leave them to others, try the next
@@ -1121,16 +1166,25 @@ class AgentLab:
         """What the host's kernel still holds for these pids (restrack records the creating
         thread's TID, so a process is the set of its threads), by kind (`rdma res show`: qp,
         cq, pd, mr, cm_id, ctx, srq); kinds with none are left out."""
+        # One call to the host's agent (its rdma batch process) for all kinds: seven SSH
+        # commands cost ~0.5 s each on a TCG guest, and this is polled. The batch stops at
+        # the first kind that fails: those after it are asked one at a time.
+        kinds = ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq")
+        res = obtain(self.agent_for(host).function("rdmalab.evidence", "rdma_res")(
+            "", 30.0, kinds))
+        failed = [k for k in kinds if isinstance(res.get(k), dict)]
+        for kind in failed[1:]:
+            r = self._machines[host].run(f"rdma -j res show {kind}", 30, root=True)
+            if r.rc == 0:
+                try:
+                    res[kind] = json.loads(r.out or "[]")
+                except ValueError as e:
+                    raise RuntimeError(f"{host}: rdma -j res show {kind}: {e}: {r.out!r}") from e
         out = {}
-        m = self._machines[host]
-        for kind in ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq"):
-            res = m.run(f"rdma -j res show {kind}", 30, root=True)
-            if res.rc != 0:  # a kind this iproute2 or kernel does not list
+        for kind in kinds:
+            entries = res.get(kind)
+            if not isinstance(entries, list):  # a kind this iproute2 or kernel does not list
                 continue
-            try:
-                entries = json.loads(res.out or "[]")
-            except ValueError as e:
-                raise RuntimeError(f"{host}: rdma -j res show {kind}: {e}: {res.out!r}") from e
             n = sum(1 for e in entries if isinstance(e, dict) and e.get("pid") in pids)
             if n:
                 out[kind] = n

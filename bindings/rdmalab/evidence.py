@@ -45,13 +45,14 @@ _DEADLINE_S = {"host_end": KMSG_DEADLINE_S}
 MAX_PCAP_BYTES = 8 << 20   # a bulk-data scenario's capture stops growing here
 MAX_WIRE_RECORDS = 2000    # frames decoded into `wire` history records at most
 MAX_KMSG_RECORDS = kernlog.MAX_RECORDS
-def parse_res(out: str, rc: int, err: str, device: str = "") -> dict:
-    """{kind: [entries]} from rdma's batch output, one JSON array a command in RES_KINDS' order
+def parse_res(out: str, rc: int, err: str, device: str = "",
+              kinds: tuple[str, ...] = RES_KINDS) -> dict:
+    """{kind: [entries]} from rdma's batch output, one JSON array a command in kinds' order
     (it stops at the first that fails) (only device's entries when given: a netns
     host sees every device); a kind whose command failed or never ran: {"error": ...}."""
     lines = [l for l in out.splitlines() if l.strip()]
     res: dict = {}
-    for i, kind in enumerate(RES_KINDS):
+    for i, kind in enumerate(kinds):
         if i >= len(lines):
             res[kind] = {"error": f"rdma -j res show {kind}: rc {rc}: "
                                   f"{(err or 'no output').strip()[-300:]}"}
@@ -77,8 +78,9 @@ _RDMA: dict = {}  # the agent's rdma batch process: {"proc", "buf"}
 _RDMA_LOCK = threading.Lock()
 
 
-def rdma_res(device: str = "", deadline_s: float = 5.0) -> dict:
-    """`rdma -j res show KIND` for each of RES_KINDS, through one rdma process in batch mode
+def rdma_res(device: str = "", deadline_s: float = 5.0,
+             kinds: tuple[str, ...] = RES_KINDS) -> dict:
+    """`rdma -j res show KIND` for each of kinds, through one rdma process in batch mode
     kept for the agent's life (an exec costs ~0.15 s on a TCG guest; a query then costs its
     netlink dumps). Stops it on any trouble; the next call starts another."""
     with _RDMA_LOCK:
@@ -92,22 +94,22 @@ def rdma_res(device: str = "", deadline_s: float = 5.0) -> dict:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, close_fds=True)
             except OSError as e:
-                return parse_res("", -1, f"rdma batch process: {e}", device)
+                return parse_res("", -1, f"rdma batch process: {e}", device, kinds)
             st.update(proc=p, buf=b"")
         lines: list[str] = []
         try:
-            p.stdin.write("".join(f"res show {k}\n" for k in RES_KINDS).encode())
+            p.stdin.write("".join(f"res show {k}\n" for k in kinds).encode())
             p.stdin.flush()
             end = time.monotonic() + deadline_s
             fd = p.stdout.fileno()
-            while len(lines) < len(RES_KINDS):
+            while len(lines) < len(kinds):
                 if b"\n" in st["buf"]:
                     line, _, st["buf"] = st["buf"].partition(b"\n")
                     lines.append(line.decode(errors="replace"))
                     continue
                 left = end - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise TimeoutError(f"rdma answered {len(lines)} of {len(RES_KINDS)} "
+                    raise TimeoutError(f"rdma answered {len(lines)} of {len(kinds)} "
                                        f"queries within {deadline_s} s")
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -116,8 +118,8 @@ def rdma_res(device: str = "", deadline_s: float = 5.0) -> dict:
         except (OSError, EOFError, TimeoutError) as e:
             err = _stop_rdma(p)
             return parse_res("\n".join(lines), p.returncode if p.returncode is not None else -1,
-                             f"{type(e).__name__}: {e}; {err}", device)
-        return parse_res("\n".join(lines), 0, "", device)
+                             f"{type(e).__name__}: {e}; {err}", device, kinds)
+        return parse_res("\n".join(lines), 0, "", device, kinds)
 
 
 def _stop_rdma(p) -> str:

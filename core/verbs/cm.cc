@@ -11,6 +11,7 @@
 
 #include "verbs/context.h"
 #include "verbs/events.h"
+#include "verbs/stall_meter.h"
 
 namespace rdmalab::verbs {
 
@@ -169,10 +170,11 @@ std::shared_ptr<CmId> VerbsCmEventChannel::create_id() {
 std::optional<CmEvent> VerbsCmEventChannel::get_event(TimeNs deadline_ns) {
   ch_.get("rdma_get_cm_event");
   std::unique_lock<std::mutex> lock(mu_);
+  const TimeNs start = monotonic_now_ns();
   while (unread_.empty()) {
-    const TimeNs now = monotonic_now_ns();
-    if (now >= deadline_ns) return std::nullopt;
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(kWaitSliceNs, deadline_ns - now)));
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kWaitSliceNs);
+    if (slice == 0) return std::nullopt;
+    cv_.wait_for(lock, std::chrono::nanoseconds(slice));
   }
   Held h = std::move(unread_.front());
   unread_.pop_front();
@@ -223,10 +225,11 @@ uint64_t VerbsCmEventChannel::unacked(uint64_t id) const {
 
 bool VerbsCmEventChannel::begin_destroy(uint64_t id, TimeNs deadline_ns) {
   std::unique_lock<std::mutex> lock(mu_);
+  const TimeNs start = monotonic_now_ns();
   while (reported_[id] != completed_[id]) {
-    const TimeNs now = monotonic_now_ns();
-    if (now >= deadline_ns) return false;
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(kWaitSliceNs, deadline_ns - now)));
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kWaitSliceNs);
+    if (slice == 0) return false;
+    cv_.wait_for(lock, std::chrono::nanoseconds(slice));
   }
   // From here the event thread drops (acks) what arrives for the id: rdma_destroy_id waits.
   std::vector<std::shared_ptr<VerbsCmId>> orphans;  // new ids of unread CONNECT_REQUESTs

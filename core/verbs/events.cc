@@ -10,6 +10,7 @@
 
 #include "rdmalab/error.h"
 #include "verbs/convert.h"
+#include "verbs/stall_meter.h"
 
 namespace rdmalab::verbs {
 
@@ -160,11 +161,12 @@ void EventQueue::ack_object_locked(uint64_t id, bool read_too) {
 
 bool EventQueue::begin_destroy(const void* raw, uint64_t id, TimeNs deadline_ns) {
   std::unique_lock<std::mutex> lock(mu_);
+  const TimeNs start = monotonic_now_ns();
   for (;;) {
     if (reported_[id] == completed_[id]) break;
-    const TimeNs now = monotonic_now_ns();
-    if (now >= deadline_ns) return false;
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(kWaitSliceNs, deadline_ns - now)));
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kWaitSliceNs);
+    if (slice == 0) return false;
+    cv_.wait_for(lock, std::chrono::nanoseconds(slice));
   }
   if (auto it = objects_.find(raw); it != objects_.end()) it->second.destroying = true;
   ack_object_locked(id, false);
@@ -198,10 +200,11 @@ uint64_t EventQueue::unacked(uint64_t id) const {
 
 std::optional<AsyncEvent> EventQueue::get(TimeNs deadline_ns) {
   std::unique_lock<std::mutex> lock(mu_);
+  const TimeNs start = monotonic_now_ns();
   while (unread_.empty()) {
-    const TimeNs now = monotonic_now_ns();
-    if (now >= deadline_ns) return std::nullopt;
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(kWaitSliceNs, deadline_ns - now)));
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kWaitSliceNs);
+    if (slice == 0) return std::nullopt;
+    cv_.wait_for(lock, std::chrono::nanoseconds(slice));
   }
   Held h = unread_.front();
   unread_.pop_front();

@@ -8,6 +8,7 @@
 
 #include "rdmalab/error.h"
 #include "verbs/events.h"
+#include "verbs/stall_meter.h"
 
 namespace rdmalab::verbs {
 
@@ -42,6 +43,7 @@ void RealRuntime::run_body(const std::string& name, const std::function<void()>&
 }
 
 bool RealRuntime::wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) {
+  const TimeNs start = now_ns();
   for (;;) {
     uint64_t seen = 0;
     {
@@ -51,9 +53,8 @@ bool RealRuntime::wait_until(const std::function<bool()>& pred, TimeNs deadline_
     }
     // pred runs without our lock: it may take locks of its own or call notify_all.
     if (pred()) return true;
-    const TimeNs now = now_ns();
-    if (now >= deadline_ns) break;
-    const TimeNs slice = std::min(kPollNs, deadline_ns - now);
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kPollNs);
+    if (slice == 0) break;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::nanoseconds(slice),
                  [&] { return generation_ != seen || stopping_; });

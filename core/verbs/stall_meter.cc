@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "verbs/events.h"
+
 namespace rdmalab::verbs {
 
 namespace {
@@ -63,6 +65,37 @@ TimeNs StallMeter::stalled_ns(TimeNs from_ns, TimeNs to_ns) const {
 std::vector<StallMeter::Stall> StallMeter::stalls() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {stalls_.begin(), stalls_.end()};
+}
+
+TimeNs wait_slice_ns(const StallMeter* meter, TimeNs start_ns, TimeNs deadline_ns,
+                     TimeNs now_ns, TimeNs slice_ns) {
+  TimeNs end = deadline_ns;
+  if (now_ns >= end && meter != nullptr) {  // only then: stalled_ns walks the kept stalls
+    end += std::min(kMaxStallCreditNs, meter->stalled_ns(start_ns, now_ns));
+  }
+  return now_ns >= end ? 0 : std::min(slice_ns, end - now_ns);
+}
+
+namespace {
+std::mutex g_meter_mu;
+const StallMeter* g_meter = nullptr;
+}  // namespace
+
+void attach_process_meter(const StallMeter* meter) {
+  std::lock_guard<std::mutex> lock(g_meter_mu);
+  g_meter = meter;
+}
+
+void detach_process_meter(const StallMeter* meter) {
+  std::lock_guard<std::mutex> lock(g_meter_mu);
+  if (g_meter == meter) g_meter = nullptr;
+}
+
+TimeNs process_wait_slice_ns(TimeNs start_ns, TimeNs deadline_ns, TimeNs slice_ns) {
+  const TimeNs now = monotonic_now_ns();
+  if (now < deadline_ns) return std::min(slice_ns, deadline_ns - now);
+  std::lock_guard<std::mutex> lock(g_meter_mu);  // the meter outlives no detach
+  return wait_slice_ns(g_meter, start_ns, deadline_ns, now, slice_ns);
 }
 
 }  // namespace rdmalab::verbs

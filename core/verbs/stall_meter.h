@@ -56,4 +56,22 @@ class StallMeter {
   std::thread thread_;  // last: started once the rest is built
 };
 
+// The wait deadlines of this process do not count the time its machine stood still: a wait
+// that began at start_ns ends at deadline_ns plus what `meter` measured since start_ns (at
+// most kMaxStallCreditNs). A deadline is the scenario's bound on work the machine has to do,
+// and a TCG guest on a loaded host (stress-ng beside make test) can stand still for half of
+// every second: that time is measured, not guessed, as timing assertions use it.
+inline constexpr TimeNs kMaxStallCreditNs = 30 * kNsPerSec;  // longer: a lost machine
+
+// How long such a wait may sleep next (at most slice_ns) at now_ns; 0 once it is over.
+// meter nullptr: the plain deadline.
+TimeNs wait_slice_ns(const StallMeter* meter, TimeNs start_ns, TimeNs deadline_ns,
+                     TimeNs now_ns, TimeNs slice_ns);
+
+// The process's meter (a VerbsLab's), read by the verbs waits below.
+void attach_process_meter(const StallMeter* meter);
+void detach_process_meter(const StallMeter* meter);  // only if it is the attached one
+// wait_slice_ns with the process's meter, on monotonic_now_ns().
+TimeNs process_wait_slice_ns(TimeNs start_ns, TimeNs deadline_ns, TimeNs slice_ns);
+
 }  // namespace rdmalab::verbs

@@ -175,10 +175,13 @@ VerbsLab::VerbsLab(uint64_t seed, std::string host_name)
         if (s.late_ns >= kStallRecordNs) {
           history_.record(host_->name(), "machine", "stall", {{"late_ns", s.late_ns}});
         }
-      }) {}
+      }) {
+  attach_process_meter(&meter_);  // the verbs waits' deadlines (process_wait_slice_ns)
+}
 
 VerbsLab::~VerbsLab() {
   shutdown();
+  detach_process_meter(&meter_);
 }
 
 std::shared_ptr<Host> VerbsLab::host(const std::string& name) const {

@@ -4,7 +4,9 @@
 #   vmlab.port (agent port on the control NIC) vmlab.agent (agent.py path in the host tree)
 #   vmlab.sshkeys (folder in the host tree with the sshd host key and authorized_keys, or none)
 #   vmlab.hide (host paths, comma-separated, the guest must not see: an empty tmpfs over each;
-#   or none), vmlab.sysctl (NAME=VALUE,... set before the RDMA device comes up, or none).
+#   or none), vmlab.sysctl (NAME=VALUE,... set before the RDMA device comes up, or none),
+#   vmlab.keep (paths, comma-separated, the guest keeps across its reboots: a folder of its
+#   own in the share, /vmlab/keep/PATH, mounted over each; or none).
 #   The agent and the ssh keys are copied into the guest's /run/vmlab first.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -31,7 +33,7 @@ ifname() {  # interface whose MAC is $1
 
 NAME=$(arg name); IP=$(arg ip); DMAC=$(arg dmac); CMAC=$(arg cmac)
 RDMA=$(arg rdma); PORT=$(arg port); AGENT=$(arg agent); SSHKEYS=$(arg sshkeys)
-HIDE=$(arg hide); SYSCTL=$(arg sysctl)
+HIDE=$(arg hide); SYSCTL=$(arg sysctl); KEEP=$(arg keep)
 
 # Modules in dependency order (computed on the host with modinfo); siw only when asked,
 # since it taints the kernel.
@@ -107,6 +109,13 @@ if [ "$HIDE" != none ]; then
   # root either (e.g. through /proc/1/root/host).
   umount -l /host || die "detach /host"
   log "hidden: $HIDE"
+fi
+# A real machine's /var/tmp outlives its reboot (FHS); the tmpfs upper does not.
+if [ -n "$KEEP" ] && [ "$KEEP" != none ]; then
+  for p in $(echo "$KEEP" | tr , ' '); do
+    mkdir -p "$R/vmlab/keep$p" "$R$p" && mount -o bind "$R/vmlab/keep$p" "$R$p" || die "keep $p"
+  done
+  log "kept across reboots: $KEEP"
 fi
 
 # sshd from the host's openssh-server, keys made on the host (lab/vmlab/ssh.py), no config file.

@@ -213,7 +213,7 @@ def serve(state: pathlib.Path, device: str, n: int, memory_mb: int) -> int:
     rc = 0
     try:
         lab = Lab(n, rdma=device, memory_mb=memory_mb, workdir=state / "lab",
-                  hide=default_hide())
+                  hide=default_hide(), keep=[AGENT_DIR])
         info["hosts"] = {vm.spec.name: {"ssh_port": vm.ssh_port, "agent_port": vm.port,
                                         "ip": vm.spec.ip, "mac": vm.spec.data_mac}
                          for vm in lab.vms}

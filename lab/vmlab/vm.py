@@ -93,12 +93,12 @@ def _sysctl_arg(sysctl: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sysctl.items()) or "none"
 
 
-def _hide_arg(paths: list[pathlib.Path]) -> str:
-    """vmlab.hide's value: absolute paths joined by commas (the kernel command line splits on
-    blanks, init.sh on commas), or none."""
+def _paths_arg(paths: list[pathlib.Path], verb: str = "hide") -> str:
+    """vmlab.hide's or vmlab.keep's value: absolute paths joined by commas (the kernel command
+    line splits on blanks, init.sh on commas), or none."""
     for p in paths:
         if not p.is_absolute() or any(c.isspace() or c == "," for c in str(p)):
-            raise VmError(f"cannot hide {str(p)!r} in a guest: an absolute path without "
+            raise VmError(f"cannot {verb} {str(p)!r} in a guest: an absolute path without "
                           "blanks or commas is needed")
     return ",".join(str(p) for p in paths) or "none"
 
@@ -115,6 +115,10 @@ class VmSpec:
     hide: list[pathlib.Path] = dataclasses.field(default_factory=list)
     # Sysctls set before the RDMA device comes up, e.g. {"net.ipv4.tcp_syn_retries": "2"}.
     sysctl: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Paths the guest keeps across its reboots (a folder of its own in its share), as a real
+    # machine keeps /var/tmp: the agent installed there is not shipped again after a reboot
+    # (~10 s of a TCG guest's CPU each time).
+    keep: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -160,8 +164,9 @@ class Vm:
         append = (f"console=ttyS0 panic=-1 quiet loglevel=4 vmlab.name={s.name} "
                   f"vmlab.ip={s.ip}/24 vmlab.dmac={s.data_mac} vmlab.cmac={s.ctl_mac} "
                   f"vmlab.rdma={s.rdma} vmlab.port={GUEST_PORT} vmlab.agent={AGENT} "
-                  f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_hide_arg(s.hide)} "
-                  f"vmlab.sysctl={_sysctl_arg(s.sysctl)}")
+                  f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_paths_arg(s.hide)} "
+                  f"vmlab.sysctl={_sysctl_arg(s.sysctl)} "
+                  f"vmlab.keep={_paths_arg(s.keep, 'keep')}")
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-:{GUEST_PORT}"
         if s.ssh_keys is not None:
             fwd += f",hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
@@ -314,7 +319,7 @@ class Lab:
                  sshd: bool = True, seed: int = 1,
                  hide: list[pathlib.Path] | None = None,
                  sysctl: dict[str, str] | None = None, kernel: str | None = None,
-                 cpus: int = 1) -> None:
+                 cpus: int = 1, keep: list[pathlib.Path] | None = None) -> None:
         # sysctl None: RDMALAB_VM_SYSCTL's ("NAME=VALUE ..."), so that `make test-vm` sets the
         # guests of every lab its scenarios boot; unset, the kernel's defaults.
         if sysctl is None:
@@ -333,7 +338,7 @@ class Lab:
         self.workdir.mkdir(parents=True)
         self.switch_sock = self.workdir / "sw.sock"
         self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, cpus, ssh_keys=keys, hide=list(hide or []),
-                           sysctl=dict(sysctl)),
+                           sysctl=dict(sysctl), keep=list(keep or [])),
                        self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd,
                        release=self.kernel.release)
                     for i in range(n)]

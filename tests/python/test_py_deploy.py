@@ -154,6 +154,25 @@ def test_a_version_that_loaded_there_before_is_copied_in_two_round_trips(unfit_r
     assert (tmp_path / version / "READY").exists()
 
 
+def test_a_kept_install_of_a_version_that_loaded_there_before_is_not_imported(unfit_repo,
+                                                                             tmp_path):
+    """After a reboot that kept agent_dir (a real machine's /var/tmp; a vmlab guest's kept
+    folder), the install of a version an agent ran from before is found by its files in one
+    round trip, not imported again (an import costs a TCG guest seconds; the agent's start
+    imports it): unfit_repo's engine loads nowhere, so an import would have failed."""
+    m = CountingMachine("h9")
+    version = bundle(unfit_repo).version
+    first = ensure_agent(m, unfit_repo, agent_dir=str(tmp_path), log=lambda s: None,
+                         loaded_before=version)
+    m.runs.clear()
+    m.copies.clear()
+    again = ensure_agent(m, unfit_repo, agent_dir=str(tmp_path), log=lambda s: None,
+                         loaded_before=version)
+    assert again == deploy.Installed(first.path, version, False, copied=False)
+    assert len(m.runs) == 1 and m.copies == [], m.runs
+    assert "python3" not in m.runs[0], m.runs[0]
+
+
 def test_a_half_installed_version_is_redone(tmp_path):
     version = bundle(REPO).version
     # A copy that stopped before READY, and a .tmp left by an interrupted unpack.
