@@ -244,6 +244,13 @@ class AgentPool:
         self.agents[self.agents.index(old)] = new
         return new
 
+    def renew_agent(self, old: Agent, machine) -> Agent:
+        """A new agent process on machine in old's place (old is closed), from the same
+        install: the machine was not rebooted."""
+        new = self.start_agent(machine)
+        self.agents[self.agents.index(old)] = new
+        return new
+
     def restart(self, i: int) -> None:
         """Brings machine i back: power-cycled where it can be (else it must still answer),
         ready, healthy, with a fresh agent (the deployed agent is checked again: a reboot may
@@ -1392,6 +1399,35 @@ class AgentLab:
                 raise KeyError(f"no host {name!r} in {self.description}")
             if self.pool.used.get(self._machines[name].name, 0) > 1:
                 self.reboot_host(name, 0)
+
+    def free_devices(self, *names: str) -> None:
+        """No process on these hosts holds an RDMA device open: each host whose agent made an
+        earlier lab gets a new agent process. librdmacm keeps a verbs context on every device
+        a process used through rdma_cm until the process exits, and a driver that cannot
+        disassociate user contexts (rxe, siw, cxgb4) makes `rdma link delete` wait for it.
+        Seconds on a TCG guest, where fresh_hosts' reboot costs ~30 s; QPNs count on."""
+        for name in names:
+            if name not in self._agents:
+                raise KeyError(f"no host {name!r} in {self.description}")
+        for name in names:
+            if self._agents[name].labs > 1:
+                self._renew_agent(name)
+
+    def _renew_agent(self, name: str) -> None:
+        agent, m = self._agents[name], self._machines[name]
+        t0 = time.monotonic()
+        self._archive_host(name)
+        try:
+            agent.close_lab()  # Hung if its shutdown is stuck: the device stays held
+        finally:
+            agent.close(deadline_s=5.0)
+        new = self.pool.renew_agent(agent, m)
+        new.new_lab(self.seed, name, self.addresses)
+        with self._lock:
+            self._agents[name] = new
+            self._sealed.discard(name)  # the new agent's records, from its seq 0
+        self.record("agent_restart", object="host", host=name, machine=m.name,
+                    old_pid=agent.pid, pid=new.pid, agent_s=round(time.monotonic() - t0, 3))
 
     def reboot_host(self, name: str, down_ns: int, boot_deadline_s: float = 180.0) -> None:
         """The reboot fault (AgentFaults.reboot): the history so far is kept, the machine

@@ -296,6 +296,12 @@ class Lab:
         for name in names:
             self.host(name)  # KeyError for a host the lab does not have
 
+    def free_devices(self, *names: str) -> None:
+        """No process on these hosts holds a device open. A model lab's processes are the
+        scenario's own; an agent lab starts the host's agent again (AgentLab.free_devices)."""
+        for name in names:
+            self.host(name)  # KeyError for a host the lab does not have
+
     def _add_closer(self, fn: Callable[[], None]) -> None:
         """fn runs at shutdown, before the engine stops (event pumps stop their threads)."""
         self._closers.append(fn)

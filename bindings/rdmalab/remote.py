@@ -268,6 +268,7 @@ class Agent:
         self.broken = ""  # why this agent can no longer be trusted ("" = fine)
         self.offset_ns = 0  # controller clock - agent clock (CLOCK_MONOTONIC each)
         self.pid = 0  # the agent's process id on its machine (0: not asked)
+        self.labs = 0  # labs made in this agent process (new_lab)
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
         self._server = _Serve(conn, host)
@@ -311,6 +312,7 @@ class Agent:
         self.host = host
         self.lab = self.function("rdmalab.lab", "verbs_lab")(seed, host,
                                                             tuple(addresses.items()))
+        self.labs += 1
         self.sync_clock()
         # The agent's times (history, events, deadlines) on the controller's clock.
         self.lab._o.set_clock_offset(self.offset_ns)

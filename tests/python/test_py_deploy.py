@@ -403,6 +403,41 @@ def test_a_reboot_fault_ships_the_agent_the_reboot_wiped(pool_on):
     assert runs_from(pool.agents[0], agents) == version
 
 
+def test_free_devices_starts_a_new_agent_process_only_after_an_earlier_lab(pool_on):
+    """lab.free_devices: the agent that made an earlier lab (librdmacm keeps its device
+    contexts until it exits) is replaced by a new process from the same install, without a
+    reboot or a ship; an agent on its first lab holds nothing and stays. The history says so."""
+    pool, agents, logs, started = pool_on
+    m = pool.machines[0]
+    with pool.lab(seed=1, hosts=["a"]) as lab:
+        first = lab.agent_for("a").pid
+        lab.free_devices("a")
+        assert lab.agent_for("a").pid == first, "an agent on its first lab was restarted"
+        assert not [r for r in lab.history() if r["kind"] == "agent_restart"]
+        with pytest.raises(KeyError):
+            lab.free_devices("zz")
+    with pool.lab(seed=1, hosts=["a"]) as lab:
+        started.clear()
+        lab.free_devices("a")
+        new = lab.agent_for("a")
+        assert new.pid != first and new is pool.agents[0]
+        assert m.boots == 0 and shipped(logs) == 1 and len(started) == 1, logs
+        [rec] = [r for r in lab.history() if r["kind"] == "agent_restart"]
+        assert rec["host"] == "a" and rec["data"]["old_pid"] == first
+        assert rec["data"]["pid"] == new.pid and rec["data"]["machine"] == m.name
+        assert lab.host("a").devices == new.lab.host("a").devices  # the new agent's lab
+        assert not _pid_alive(first), f"the old agent (pid {first}) still runs"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text(
+    ).split(")")[-1].split()[0]
+
+
 def test_a_cached_start_that_fails_otherwise_ships_again_and_a_timeout_ends_it(pool_on,
                                                                               monkeypatch):
     """Not only DeployError: a gateway that dies as the old install is started (EOFError,

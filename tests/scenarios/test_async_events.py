@@ -159,7 +159,7 @@ def test_device_removal_waits_for_the_user(lab):
     if lab.host("a").caps().disassociates:
         pytest.skip("needs caps.disassociates False: this driver disassociates user contexts "
                     "(test_device_removal_raises_device_fatal)")
-    lab.fresh_hosts("a")               # no other process holds the device (test_rdma_link)
+    lab.free_devices("a")              # no other process holds the device (test_rdma_link)
     name = lab.host("a").devices[0]
     victim = lab.killable_process("a", "victim")
     ctx = victim.open_device(name)

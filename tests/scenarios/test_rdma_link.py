@@ -3,10 +3,10 @@
 no more and an open fails; added back, it is usable again: a new connection carries data.
 (A removal while a context is open is test_async_events' device-removal scenario.)
 
-"Nothing has it open" needs a fresh host on a device: librdmacm opens a verbs context on each
-device a process uses through rdma_cm and keeps it until the process exits, so after any
-connection made by the host's agent the removal would block (rxe and siw cannot disassociate
-user contexts)."""
+"Nothing has it open" needs a fresh process on a device (lab.free_devices): librdmacm opens a
+verbs context on each device a process uses through rdma_cm and keeps it until the process
+exits, so after any connection made by the host's agent the removal would block (rxe and siw
+cannot disassociate user contexts)."""
 
 import pytest
 
@@ -15,7 +15,7 @@ from rdmalab.resources import CmPair
 
 
 def test_rdma_link_delete_then_add(lab):
-    lab.fresh_hosts("a")
+    lab.free_devices("a")
     host = lab.host("a")
     name = host.devices[0]
     lab.faults.rdma_link_delete("a")
