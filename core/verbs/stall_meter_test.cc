@@ -16,6 +16,17 @@ TimeNs steady_ns() {
       .count();
 }
 
+// Returns once the meter's thread has read its clock (counted by `reads`): its first deadline
+// is then set, so a jump after this is lateness. A fixed sleep is not enough on a loaded
+// machine (under ASan beside a make test, the thread once started after a 20 ms sleep).
+bool meter_started(const std::atomic<int>& reads) {
+  const TimeNs give_up = steady_ns() + 5 * kNsPerSec;
+  while (reads.load() == 0 && steady_ns() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return reads.load() > 0;
+}
+
 // A machine that stands still for 300 ms: the monotonic clock jumps while the meter sleeps.
 // Under a sanitizer (or in a TCG guest) the machine also has real stalls of a few ms or more,
 // before and after the jump, so the test looks for the jump's own stall by its size and
@@ -25,13 +36,18 @@ TEST(StallMeter, CountsAJumpOnceAndOnlyInsideTheWindow) {
   constexpr TimeNs kLeast = kJump - StallMeter::kPeriodNs;  // the jump may land mid-sleep
   std::atomic<TimeNs> jump{0};
   std::atomic<bool> reported{false};
+  std::atomic<int> reads{0};
   auto clock = [&] { return steady_ns() + jump.load(); };
   StallMeter meter(
       clock,
       [&](const StallMeter::Stall& s) {
         if (s.late_ns >= kLeast) reported = true;
       },
-      clock);
+      [&] {
+        ++reads;
+        return clock();
+      });
+  ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const TimeNs before = clock();
   jump = kJump;
@@ -77,9 +93,13 @@ TEST(StallMeter, AWaitsDeadlineDoesNotCountTheTimeTheMachineStoodStill) {
   constexpr TimeNs kWait = 50 * kNsPerMs;
   constexpr TimeNs kJump = 300 * kNsPerMs;
   std::atomic<TimeNs> jump{0};
+  std::atomic<int> reads{0};
   auto clock = [&] { return steady_ns() + jump.load(); };
-  StallMeter meter(clock, nullptr, clock);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the meter is asleep
+  StallMeter meter(clock, nullptr, [&] {
+    ++reads;
+    return clock();
+  });
+  ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
   const TimeNs start = clock();
   const TimeNs deadline = start + kWait;
   EXPECT_EQ(wait_slice_ns(&meter, start, deadline, start, kNsPerMs), kNsPerMs);
