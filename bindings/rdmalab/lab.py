@@ -292,7 +292,8 @@ class Lab:
 
     def fresh_hosts(self, *names: str) -> None:
         """Makes these hosts as if just booted (first QPN next, no state). A model lab's hosts
-        always are; a VM lab reboots the VMs that earlier labs used."""
+        always are; an agent lab deletes and adds again the soft device (rxe, siw) of a host
+        that earlier labs used, and reboots a host with any other device."""
         for name in names:
             self.host(name)  # KeyError for a host the lab does not have
 
