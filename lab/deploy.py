@@ -360,12 +360,16 @@ class Installed:
 
 
 def ensure_agent(machine: Machine, repo: Path, agent_dir: str = AGENT_DIR,
-                 log: Log = print, loaded_before: str = "") -> Installed:
+                 log: Log = print, loaded_before: str = "",
+                 trust_installed: bool = False) -> Installed:
     """The controller's agent on the host, installed if missing: one round trip when the host
     has it already. loaded_before: a version whose copy (the controller's engine, not one built
     there) an agent already ran from on this host, e.g. before a reboot emptied its tmpfs: when
     it is this bundle's, a new copy is checked for its files only, not imported (seconds on a
-    TCG guest); the agent's own start imports it (open_agent_channel says if that fails)."""
+    TCG guest); the agent's own start imports it (open_agent_channel says if that fails).
+    trust_installed: an install already there (its READY says it loaded, or was built, when it
+    was made) is found by its files, not imported: the caller starts the agent from it and,
+    where that fails (the host's libraries changed since), calls again without trust."""
     b = bundle(repo)
     v = f"{agent_dir}/{b.version}"
     q = shlex.quote
@@ -377,8 +381,8 @@ def ensure_agent(machine: Machine, repo: Path, agent_dir: str = AGENT_DIR,
     t0 = time.monotonic()
     # An install of a version an agent ran from here already (a reboot that kept agent_dir) is
     # checked for its files, not imported: the agent's own start imports it.
-    fits = (f"test -f {q(v)}/rdmalab/{q(Path(b.engine).name)}" if loaded_before == b.version
-            else _py(FIT_CHECK, v))
+    fits = (f"test -f {q(v)}/rdmalab/{q(Path(b.engine).name)}"
+            if trust_installed or loaded_before == b.version else _py(FIT_CHECK, v))
     probe = machine.run(f"if test -f {q(v)}/READY && {fits}; then "
                         f"{{ test -f {q(v)}/build.log && echo BUILT-ON-HOST; echo {INSTALLED}; }}"
                         f"; else {prepare} || exit {PREPARE_FAILED}; fi", timeout=60)

@@ -122,6 +122,9 @@ class AgentPool:
         # there (kept across reboots: a copy shipped again needs no import to be trusted)
         self._loaded: dict[str, str] = {}
         self.kernels: dict[str, str] = {}  # machine name -> `uname -r` at its agent's start
+        # One install at a time: hosts may share agent_dir (the netns lab's namespaces are one
+        # guest), and two copies into one version directory at once undo each other.
+        self._deploy_lock = threading.Lock()
         try:  # inventory_pool health-checked them as it chose them
             started: list = [None] * len(self.machines)
 
@@ -179,31 +182,41 @@ class AgentPool:
         pool made there is started without a check first; where that fails (gone with a
         reboot's fresh tmpfs: "no rdmalab agent deployed at ...", replaced, a gateway that
         died) the install is checked and shipped again. A reboot the pool knows of
-        (replace_agent, restart) forgets the install instead: it is checked before any start."""
+        (replace_agent, restart) forgets the install instead: it is looked for before any
+        start. An install of this version found there (a pool's first start, after a reboot)
+        is taken by its files and started, not imported first (seconds of a TCG guest's CPU);
+        where that start fails it is checked, imported, as well."""
         import execnet
         _repo_on_path()
         from lab import deploy
         cached = self._installed.get(machine.name)
-        if cached is not None:
-            gw = execnet.makegateway(machine.execnet_spec())
-            try:
-                channel = deploy.open_agent_channel(gw, cached.path, cached.version,
-                                                    machine.name)
-            except (deploy.DeployError, EOFError, OSError, execnet.RemoteError) as e:
-                # Not WallClockTimeout or KeyboardInterrupt: those end the start.
-                gw.exit()
-                self._installed.pop(machine.name, None)
-                self.log(f"{machine.name}: the agent installed at {cached.path} does not start "
-                         f"({str(e).strip()[:300]}); checking it and shipping it again")
-            except BaseException:
-                gw.exit()
-                raise
-            else:
-                return self._serve_agent(gw, machine, channel, cached)
+        if cached is None:
+            with self._deploy_lock:
+                cached = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir,
+                                             log=self.log, trust_installed=True,
+                                             loaded_before=self._loaded.get(machine.name, ""))
+            self._installed[machine.name] = cached
+        gw = execnet.makegateway(machine.execnet_spec())
+        try:
+            channel = deploy.open_agent_channel(gw, cached.path, cached.version,
+                                                machine.name)
+        except (deploy.DeployError, EOFError, OSError, execnet.RemoteError) as e:
+            # Not WallClockTimeout or KeyboardInterrupt: those end the start.
+            gw.exit()
+            self._installed.pop(machine.name, None)
+            self.log(f"{machine.name}: the agent installed at {cached.path} does not start "
+                     f"({str(e).strip()[:300]}); checking it and shipping it again")
+        except BaseException:
+            gw.exit()
+            raise
+        else:
+            return self._serve_agent(gw, machine, channel, cached)
         # Outside the handler above: an error from here on is not chained to why the old
-        # install did not start, and the pool's log says the install was shipped.
-        inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir, log=self.log,
-                                   loaded_before=self._loaded.get(machine.name, ""))
+        # install did not start, and the pool's log says the install was shipped. A start
+        # just failed: whatever loaded here before is checked by an import this time.
+        self._loaded.pop(machine.name, None)
+        with self._deploy_lock:
+            inst = deploy.ensure_agent(machine, REPO, agent_dir=self.agent_dir, log=self.log)
         self._installed[machine.name] = inst
         gw = execnet.makegateway(machine.execnet_spec())
         try:

@@ -403,6 +403,32 @@ def test_a_reboot_fault_ships_the_agent_the_reboot_wiped(pool_on):
     assert runs_from(pool.agents[0], agents) == version
 
 
+def test_an_install_found_there_is_started_unchecked_and_checked_when_that_fails(pool_on):
+    """A pool's first start on a host (or one after a reboot) takes an install of its version
+    found there by its files and starts it, without importing it first. Where that start
+    fails (here: its engine broken after it was made, as a changed host library would), the
+    install is checked, found not to load, and shipped again."""
+    pool, agents, logs, started = pool_on
+    m = pool.machines[0]
+    version = runs_from(pool.agents[0], agents)
+    pool.agents[0].close()
+    pool.forget_install(m)  # as a new pool, or a reboot, would find it
+    m.runs.clear()
+    pool.agents[0] = pool.start_agent(m)
+    assert shipped(logs) == 1 and not any("python3" in r for r in m.runs), m.runs
+    pool.agents[0].close()
+    pool.forget_install(m)
+    [engine] = (agents / version / "rdmalab").glob("_core*.so")
+    engine.write_bytes(b"not an ELF")
+    started.clear()
+    pool.agents[0] = pool.start_agent(m)
+    assert shipped(logs) == 2, logs
+    assert any("does not start" in line for line in logs), logs
+    assert started == [str(agents / version)] * 2  # the unchecked start, then the new copy
+    assert runs_from(pool.agents[0], agents) == version
+    assert engine.read_bytes() != b"not an ELF"
+
+
 def test_free_devices_starts_a_new_agent_process_only_after_an_earlier_lab(pool_on):
     """lab.free_devices: the agent that made an earlier lab (librdmacm keeps its device
     contexts until it exits) is replaced by a new process from the same install, without a
