@@ -253,9 +253,7 @@ class AgentPool:
     def replace_agent(self, old: Agent, machine) -> Agent:
         """A fresh agent on machine (after a reboot) in old's place."""
         self.forget_install(machine)
-        new = self.start_agent(machine)
-        self.agents[self.agents.index(old)] = new
-        return new
+        return self.renew_agent(old, machine)
 
     def renew_agent(self, old: Agent, machine) -> Agent:
         """A new agent process on machine in old's place (old is closed), from the same
@@ -726,10 +724,15 @@ class AgentFaults(NoFaults):
         self._lab.record("device_removed", object="device", host=name, rc=proc.returncode,
                          output=out.decode(errors="replace")[-500:])
         m = self._lab.machine_of(name)
-        m.run(f"rdma link add {dev} type {device_label(dev)} netdev {m.facts.netdev}", 30,
-              root=True).check(f"{name}: rdma link add {dev}")
+        self._link_add(name, m, dev)
         self._lab.record("device_added", object="device", host=name, device=dev)
         self._wait_usable(name, m)
+
+    @staticmethod
+    def _link_add(name: str, m, dev: str) -> None:
+        """`rdma link add` of soft device dev on m's netdev, as it was before its removal."""
+        m.run(f"rdma link add {dev} type {device_label(dev)} netdev {m.facts.netdev}", 30,
+              root=True).check(f"{name}: rdma link add {dev}")
 
     # -- hosts
     def reboot(self, host, down_ns: int) -> None:
@@ -1404,15 +1407,18 @@ class AgentLab:
             self._followed[name] = []
             self._sealed.add(name)
 
+    def _check_hosts(self, names) -> None:
+        for name in names:
+            if name not in self._agents:
+                raise KeyError(f"no host {name!r} in {self.description}")
+
     def fresh_hosts(self, *names: str) -> None:
         """Makes each of these hosts that earlier labs used as booted: its next QP gets the
         first QPN again (rxe counts QPNs from 17 per device). A soft device (rxe, siw) is
         deleted and added again, with no process holding it (free_devices): its QPN pool is
         the device's, so that is a boot as far as QPNs go, in seconds where a TCG guest's
         reboot takes ~30 s. Any other device: the host is rebooted."""
-        for name in names:
-            if name not in self._agents:
-                raise KeyError(f"no host {name!r} in {self.description}")
+        self._check_hosts(names)
         for name in names:
             m = self._machines[name]
             if self.pool.used.get(m.name, 0) <= 1:
@@ -1427,8 +1433,7 @@ class AgentLab:
         dev, t0 = m.facts.device, time.monotonic()
         self.free_devices(name)
         m.run(f"rdma link delete {dev}", 30, root=True).check(f"{name}: rdma link delete {dev}")
-        m.run(f"rdma link add {dev} type {device_label(dev)} netdev {m.facts.netdev}", 30,
-              root=True).check(f"{name}: rdma link add {dev}")
+        AgentFaults._link_add(name, m, dev)
         AgentFaults._wait_usable(name, m)
         self.pool.used[m.name] = 1  # this lab, on a device as new as after a boot
         self.record("device_readded", object="host", host=name, machine=m.name, device=dev,
@@ -1440,9 +1445,7 @@ class AgentLab:
         a process used through rdma_cm until the process exits, and a driver that cannot
         disassociate user contexts (rxe, siw, cxgb4) makes `rdma link delete` wait for it.
         Seconds on a TCG guest, where fresh_hosts' reboot costs ~30 s; QPNs count on."""
-        for name in names:
-            if name not in self._agents:
-                raise KeyError(f"no host {name!r} in {self.description}")
+        self._check_hosts(names)
         for name in names:
             if self._agents[name].labs > 1:
                 self._renew_agent(name)
