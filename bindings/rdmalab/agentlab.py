@@ -879,6 +879,10 @@ class AgentFaults(NoFaults):
             f"{name}: ip link set {state}")
         if state == "up":
             self._wait_usable(name, m)
+            # Down flushed this host's neighbours (and a peer that sent meanwhile holds a FAILED
+            # entry for it): resolved again here, or the next rdma_resolve_addr of a scenario
+            # that is not about it waits its whole timeout (ib-addr-neighbour-update-lost).
+            self._lab.pool.warm_data_path()
         self._counts[f"port_{state}"] = self._counts.get(f"port_{state}", 0) + 1
         self._lab.record("fault", object="link", host=name, fault=f"port_{state}",
                          netdev=netdev)
@@ -901,6 +905,17 @@ class AgentFaults(NoFaults):
                 raise Hung(f"{name}: link up", f"{name}: {f.netdev} not usable "
                            f"{deadline_s} s after link up:\n{out}")
             time.sleep(0.1)
+
+    def neigh_flush(self, host) -> None:
+        """`ip neigh flush dev <netdev>` on the host: it forgets every neighbour (ARP and
+        IPv6 ND entries) of its data NIC, as after a link flap or the neighbour table's garbage
+        collection; the next resolution of a peer sends a request again."""
+        name = host if isinstance(host, str) else host.name
+        m = self._lab.machine_of(name)
+        netdev = m.facts.netdev
+        m.run(f"ip neigh flush dev {netdev}", 30, root=True).check(f"{name}: ip neigh flush")
+        self._counts["neigh_flush"] = self._counts.get("neigh_flush", 0) + 1
+        self._lab.record("fault", object="link", host=name, fault="neigh_flush", netdev=netdev)
 
     def port_down(self, host) -> None:
         self._ip_link(host, "down")
@@ -1173,6 +1188,13 @@ class AgentLab:
 
     def machine_of(self, name: str):
         return self._machines[name]
+
+    def share_a_kernel(self, *hosts: str) -> bool:
+        """Whether the hosts run on one kernel (the netns lab's namespaces): their boot ids
+        are the same. Such hosts answer each other's ARP inside the sender's own system call."""
+        ids = {self.machine_of(h).run("cat /proc/sys/kernel/random/boot_id", 30)
+               .check(f"{h}: boot_id").out.strip() for h in hosts}
+        return len(ids) == 1
 
     def killable_process(self, host: str, name: str) -> AgentProcess:
         """A process that kill() SIGKILLs: an OS process of its own on the host (a second

@@ -197,6 +197,12 @@ class Faults:
     def port_up(self, host) -> None:
         as_fault("port_up", self._o.set_port_state, _host_name(host), True)
 
+    def neigh_flush(self, host) -> None:
+        """Not in the model: its hosts resolve each other's addresses at once, it has no
+        neighbour table to flush."""
+        raise FaultNotSupported("neigh_flush", "the model has no neighbour table: its "
+                                "addresses resolve at once")
+
     def device_fatal(self, host) -> None:
         as_fault("device_fatal", self._o.device_fatal, _host_name(host))
 

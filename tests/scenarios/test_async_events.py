@@ -159,10 +159,7 @@ def test_device_removal_waits_for_the_user(lab):
     if lab.host("a").caps().disassociates:
         pytest.skip("needs caps.disassociates False: this driver disassociates user contexts "
                     "(test_device_removal_raises_device_fatal)")
-    # No other process holds the device (test_rdma_link), and the device is new: on the netns
-    # lab (7.2), after test_port_down_and_up, a removal that waited for the victim and an add
-    # on the old device left the next lab's rdma_resolve_addr without any event (a fresh clone
-    # of db4a550; not yet understood). From a device added again first it does not.
+    # No other process holds the device (test_rdma_link): a device added again, as new.
     lab.fresh_hosts("a")
     name = lab.host("a").devices[0]
     victim = lab.killable_process("a", "victim")

@@ -107,6 +107,29 @@ def gap_windows_ms(changes: list) -> list[tuple[int, int]]:
             for a, b in zip(changes, changes[1:])]
 
 
+@pytest.mark.finding("ib-addr-neighbour-update-lost")
+def test_resolve_addr_completes_when_the_neighbour_does(lab):
+    """rdma_resolve_addr to a peer whose neighbour entry is gone: the request for it goes out
+    and its answer comes back in microseconds, and ADDR_RESOLVED follows the answer, not the
+    resolve timeout (4 s here; rdma_resolve_addr(3): "Time to wait for resolution to
+    complete")."""
+    try:
+        lab.faults.neigh_flush("a")
+    except FaultNotSupported as e:
+        pytest.skip(f"needs a neighbour table to flush: {e}")
+    if not lab.share_a_kernel("a", "b"):
+        pytest.skip("needs a and b on one kernel (the netns lab): only there does the answer "
+                    "come inside a's own rdma_resolve_addr call, the window this reaches; "
+                    "across kernels that window is microseconds and not reproducible")
+    since = len(lab.history())
+    pair = CmPair(lab, timeout_ns=sec(6), resolve_timeout_ns=sec(4))
+    asked = [r for r in lab.history()[since:] if r["kind"] == "verb" and r["host"] == "a"
+             and r["data"].get("verb") == "rdma_resolve_addr"]
+    assert len(asked) == 1, f"one rdma_resolve_addr by a, got {asked}"
+    assert_soon(lab, pair.client.conn.events[0], "a's rdma_resolve_addr after a forgot its "
+                "neighbours", asked[0]["t_ns"], ms(100))
+
+
 def test_user_moving_the_qp_to_err_ends_only_an_iwarp_connection(lab):
     """ibv_modify_qp to ERR on a connected QP. iWARP: the provider ends the LLP connection
     (siw_qp_nextstate_from_rts: drop_conn, siw_qp_cm_drop, a FIN; cxgb4 c4iw_modify_qp:
