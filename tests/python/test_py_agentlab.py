@@ -101,7 +101,8 @@ def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
     """cm_timing on an agent lab (its tolerance_ns and timer_slack_ns): a span through several
     hosts may be late by the time each stood still in it (their StallMeters, summed), and the
     failure message says how long each did; with no stall the bound is the same as before."""
-    from rdmalab.cm_timing import late_bound_ns, late_span_bound_ns, stalled_ns, stood_still
+    from rdmalab.cm_timing import (early_bound_ns, late_bound_ns, late_span_bound_ns,
+                                   stalled_ns, stood_still)
 
     stalls = {"a": [(1_000, 1_500)], "b": [(1_200, 2_000), (9_000, 9_100)]}
 
@@ -118,6 +119,9 @@ def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
     assert late_span_bound_ns(lab, "b", 3_000, 5_000, 10) == 10 + lab.tolerance_ns  # none there
     assert late_bound_ns(lab, "b", 0, 10_000, 10, timers=2) == 10 + 2 * lab.timer_slack_ns + 900
     assert late_bound_ns(lab, "a", 0, 5_000, 10) == 10 + lab.timer_slack_ns + 500  # as before
+    # A span from an event read late is short by the stall before the read, and only that one.
+    assert early_bound_ns(lab, "b", 2_500, 10**6, 2_000) == 10**6 - lab.timer_slack_ns - 800
+    assert early_bound_ns(lab, "b", 1_200, 10**6, 1_000) == 10**6 - lab.timer_slack_ns
     assert stood_still(lab, ("a", "b"), 0, 5_000) == \
         "host a stood still 0.0 ms, host b stood still 0.0 ms"  # 500 ns, 800 ns: ms shown
     stalls["a"] = [(0, 740_200_000)]
