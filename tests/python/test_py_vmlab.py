@@ -312,3 +312,40 @@ def test_compressed_and_builtin_modules(tmp_path):
     assert kernel.module_bytes(index["veth"]) == b"\x7fELF veth"
     assert kernel.module_bytes(index["bridge"]) == b"\x7fELF bridge"
     assert kernel.builtin_modules(tmp_path) == {"crc32", "nf_tables"}
+
+
+def test_a_boot_whose_init_prints_nothing_is_killed_and_booted_once_more(tmp_path, monkeypatch,
+                                                                          capsys):
+    """The first boot's console stays empty (a kernel hung in early boot): after SILENT_BOOT_S
+    the guest is killed and booted again; the second boot is ready, the first's log is kept,
+    and stderr says so. A second silent boot is not retried: it runs into the deadline."""
+    from lab.vmlab import vm as vm_mod
+    vm = _vm(tmp_path)
+    boots = tmp_path / "boots"
+    guest = ("import pathlib, sys, time\n"
+             "boots = pathlib.Path(sys.argv[1]); n = int(boots.read_text() or 0) + 1 "
+             "if boots.exists() else 1\n"
+             "boots.write_text(str(n)); pathlib.Path(sys.argv[2]).touch()  # as qemu's file:\n"
+             "if n >= int(sys.argv[3]):\n"
+             "    pathlib.Path(sys.argv[2]).write_text('vmlab-init: [1.0] up\\nVMLAB-READY vm1\\n')\n"
+             "time.sleep(60)\n")
+    ready_at = {"n": 2}
+    monkeypatch.setattr(Vm, "argv", lambda self: [sys.executable, "-c", guest, str(boots),
+                                                  str(self.serial_log), str(ready_at["n"])])
+    monkeypatch.setattr(Vm, "_call", lambda self, req, timeout: {"ok": True})
+    monkeypatch.setattr(vm_mod, "SILENT_BOOT_S", 0.5)
+    vm.start()
+    try:
+        assert vm.wait_ready(10.0) < 10.0
+        assert boots.read_text() == "2" and vm.boots == 2
+        assert vm.serial_log.with_suffix(".1.log").exists()
+        assert "init printed nothing 0 s after start" in capsys.readouterr().err
+        ready_at["n"] = 99          # never ready: one retry, then the deadline's VmTimeout
+        vm.kill()
+        boots.unlink()
+        vm.start()
+        with pytest.raises(vm_mod.VmTimeout, match="not ready after 2.0 s"):
+            vm.wait_ready(2.0)
+        assert boots.read_text() == "2"
+    finally:
+        vm.kill()
