@@ -153,7 +153,9 @@ class AgentPool:
     def warm_data_path(self, machines=None, deadline_s: float = 30.0) -> None:
         """Each machine (of machines, default all) resolves every other's data address (ARP)
         before a scenario does: on a just-booted TCG guest the first rdma_resolve_addr
-        otherwise spent over a second on it (seen on siw). Also proves the path carries."""
+        otherwise spent over a second on it (seen on siw), and on the netns lab it waits
+        its whole timeout (ib-addr-neighbour-update-lost). An entry asked for here (a pool's
+        first warm-up) also proves the path carries."""
         machines = list(machines or self.machines)
         end = time.monotonic() + deadline_s
 
@@ -162,9 +164,16 @@ class AgentPool:
                 if peer is m:
                     continue
                 ip, dev = peer.facts.data_address, m.facts.netdev
-                poke = (f"/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_INET, "
-                        f"socket.SOCK_DGRAM).sendto(b'rdmalab', ('{ip}', 9))\"; "
-                        f"ip neigh show {ip} dev {dev}")
+                # One command: an entry still valid is left alone (a python start costs a TCG
+                # guest most of a second); else a datagram makes the kernel ask, and the entry
+                # is watched for up to 2 s, where checked at once the answer may not be there.
+                show = f"ip neigh show {ip} dev {dev}"
+                send = (f"/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_INET, "
+                        f"socket.SOCK_DGRAM).sendto(b'rdmalab', ('{ip}', 9))\"")
+                poke = (f"out=$({show}); case \"$out\" in *REACHABLE*|*STALE*|*DELAY*) ;; "
+                        f"*) {send}; for i in $(seq 40); do out=$({show}); "
+                        f"case \"$out\" in *REACHABLE*|*STALE*|*DELAY*) break;; esac; "
+                        f"sleep 0.05; done;; esac; echo \"$out\"")
                 while True:
                     out = m.run(poke, 30).out
                     if "REACHABLE" in out or "STALE" in out or "DELAY" in out:
