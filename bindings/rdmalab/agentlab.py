@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Optional, Union
 from . import progress
 from .errors import FaultNotSupported, HostLost, Hung
 from .errors import make_error as _make_error
-from .faults import NoFaults
+from .faults import NoFaults, _host_name
 from .protocol import WIRE_PLACEMENT
 from .remote import Agent, obtain
 
@@ -102,6 +102,11 @@ def each_host(fn: Callable, items: list) -> list:
     return out
 
 
+# `ip neigh` states in which the kernel has the peer's MAC (NUD_VALID less PERMANENT, NOARP,
+# PROBE): what warm_data_path waits for.
+_NEIGH_RESOLVED = ("REACHABLE", "STALE", "DELAY")
+
+
 class AgentPool:
     """Machines with their agents; labs come and go on them. `owner` (the VM lab's guests, an
     inventory's locks) is closed with the pool."""
@@ -170,13 +175,14 @@ class AgentPool:
                 show = f"ip neigh show {ip} dev {dev}"
                 send = (f"/usr/bin/python3 -c \"import socket; socket.socket(socket.AF_INET, "
                         f"socket.SOCK_DGRAM).sendto(b'rdmalab', ('{ip}', 9))\"")
-                poke = (f"out=$({show}); case \"$out\" in *REACHABLE*|*STALE*|*DELAY*) ;; "
+                valid = "|".join(f"*{state}*" for state in _NEIGH_RESOLVED)
+                poke = (f"out=$({show}); case \"$out\" in {valid}) ;; "
                         f"*) {send}; for i in $(seq 40); do out=$({show}); "
-                        f"case \"$out\" in *REACHABLE*|*STALE*|*DELAY*) break;; esac; "
+                        f"case \"$out\" in {valid}) break;; esac; "
                         f"sleep 0.05; done;; esac; echo \"$out\"")
                 while True:
                     out = m.run(poke, 30).out
-                    if "REACHABLE" in out or "STALE" in out or "DELAY" in out:
+                    if any(state in out for state in _NEIGH_RESOLVED):
                         break
                     if time.monotonic() > end:
                         raise Hung(f"{m.name}: ARP {ip}", f"{m.name} cannot resolve {ip} on "
@@ -680,7 +686,7 @@ class AgentFaults(NoFaults):
         """`rdma link delete` of the host's soft device. The command may block while user
         contexts stay open (a provider without disassociate_ucontext), so it runs in the
         background; rdma_link_add (or the lab's shutdown) waits for it."""
-        name = host if isinstance(host, str) else host.name
+        name = _host_name(host)
         if name in self._removed:
             raise _make_error("rdma link delete", errno.EBUSY, f"{name}: its device is already being removed")
         m = self._lab.machine_of(name)
@@ -697,7 +703,7 @@ class AgentFaults(NoFaults):
         """`rdma link add` of the device rdma_link_delete removed, once the removal has
         finished (Hung if it is still blocked after deadline_s: a context is still open);
         returns when the port is ACTIVE and usable."""
-        name = host if isinstance(host, str) else host.name
+        name = _host_name(host)
         if name not in self._removed:
             raise _make_error("rdma link add", errno.ENODEV, f"{name}: no device of it was deleted")
         self._restore(name, deadline_s, hung=True)
@@ -749,7 +755,7 @@ class AgentFaults(NoFaults):
         nothing sent; an inventory host: its power commands), wait down_ns, power it on (a
         guest on the same switch port, MAC and address), and start a fresh agent and lab
         there. Returns once the host is back: its earlier objects are gone."""
-        name = host if isinstance(host, str) else host.name
+        name = _host_name(host)
         self._lab.reboot_host(name, down_ns)
         self._nft_ready.pop(name, None)  # the rebooted guest has no rules
         self._rules = [r for r in self._rules if name not in r._installed]
@@ -881,7 +887,7 @@ class AgentFaults(NoFaults):
         return self._switch().request("history", since=self._since)["records"]
 
     def _ip_link(self, host, state: str) -> None:
-        name = host if isinstance(host, str) else host.name
+        name = _host_name(host)
         m = self._lab.machine_of(name)
         netdev = m.facts.netdev
         m.run(f"ip link set {netdev} {state}", 30, root=True).check(
@@ -892,9 +898,7 @@ class AgentFaults(NoFaults):
             # entry for it): resolved again here, or the next rdma_resolve_addr of a scenario
             # that is not about it waits its whole timeout (ib-addr-neighbour-update-lost).
             self._lab.pool.warm_data_path()
-        self._counts[f"port_{state}"] = self._counts.get(f"port_{state}", 0) + 1
-        self._lab.record("fault", object="link", host=name, fault=f"port_{state}",
-                         netdev=netdev)
+        self._link_fault(name, f"port_{state}", netdev)
         (self._down.add if state == "down" else self._down.discard)(name)
 
     @staticmethod
@@ -919,12 +923,16 @@ class AgentFaults(NoFaults):
         """`ip neigh flush dev <netdev>` on the host: it forgets every neighbour (ARP and
         IPv6 ND entries) of its data NIC, as after a link flap or the neighbour table's garbage
         collection; the next resolution of a peer sends a request again."""
-        name = host if isinstance(host, str) else host.name
+        name = _host_name(host)
         m = self._lab.machine_of(name)
         netdev = m.facts.netdev
         m.run(f"ip neigh flush dev {netdev}", 30, root=True).check(f"{name}: ip neigh flush")
-        self._counts["neigh_flush"] = self._counts.get("neigh_flush", 0) + 1
-        self._lab.record("fault", object="link", host=name, fault="neigh_flush", netdev=netdev)
+        self._link_fault(name, "neigh_flush", netdev)
+
+    def _link_fault(self, name: str, fault: str, netdev: str) -> None:
+        """Counts and records a fault applied to a host's data NIC."""
+        self._counts[fault] = self._counts.get(fault, 0) + 1
+        self._lab.record("fault", object="link", host=name, fault=fault, netdev=netdev)
 
     def port_down(self, host) -> None:
         self._ip_link(host, "down")

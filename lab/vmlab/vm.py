@@ -201,12 +201,16 @@ class Vm:
         if self.alive():
             raise VmError(f"{self.spec.name} is already running")
         if self.serial_log.exists():  # keep the previous boot's log beside the new one
-            self.serial_log.replace(self.serial_log.with_suffix(f".{self.boots}.log"))
+            self.serial_log.replace(self.kept_serial_log(self.boots))
         self.boots += 1
         self.started_at = time.monotonic()
         with open(self.qemu_log, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def kept_serial_log(self, boot: int) -> pathlib.Path:
+        """Where boot number `boot`'s serial log is kept once the guest was started again."""
+        return self.serial_log.with_suffix(f".{boot}.log")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -277,13 +281,11 @@ class Vm:
             time.sleep(0.2)
 
     def _boot_again(self) -> None:
-        first = self.serial_log
         self.kill()
-        self.start()  # keeps the hung boot's log as serial.<n>.log
+        self.start()  # keeps the hung boot's log
         print(f"vmlab: {self.spec.name}: init printed nothing {SILENT_BOOT_S:.0f} s after "
               f"start (the kernel's boot hung): killed and booted once more; the first boot's "
-              f"serial log: {first.with_suffix(f'.{self.boots - 1}.log')}", file=sys.stderr,
-              flush=True)
+              f"serial log: {self.kept_serial_log(self.boots - 1)}", file=sys.stderr, flush=True)
 
     def _call(self, request: dict, timeout: float) -> dict:
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as conn:

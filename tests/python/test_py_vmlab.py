@@ -338,7 +338,7 @@ def test_a_boot_whose_init_prints_nothing_is_killed_and_booted_once_more(tmp_pat
     try:
         assert vm.wait_ready(10.0) < 10.0
         assert boots.read_text() == "2" and vm.boots == 2
-        assert vm.serial_log.with_suffix(".1.log").exists()
+        assert vm.kept_serial_log(1).exists() and vm.kept_serial_log(1).name == "serial.1.log"
         assert "init printed nothing 0 s after start" in capsys.readouterr().err
         ready_at["n"] = 99          # never ready: one retry, then the deadline's VmTimeout
         vm.kill()

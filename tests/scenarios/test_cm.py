@@ -124,8 +124,8 @@ def test_resolve_addr_completes_when_the_neighbour_does(lab):
                     "across kernels that window is microseconds and not reproducible")
     since = len(lab.history())
     pair = CmPair(lab, timeout_ns=sec(6), resolve_timeout_ns=sec(4))
-    asked = [r for r in lab.history()[since:] if r["kind"] == "verb" and r["host"] == "a"
-             and r["data"].get("verb") == "rdma_resolve_addr"]
+    asked = [r for r in checks.records(lab.history()[since:], "verb", host="a")
+             if r["data"].get("verb") == "rdma_resolve_addr"]
     assert len(asked) == 1, f"one rdma_resolve_addr by a, got {asked}"
     assert_soon(lab, pair.client.conn.events[0], "a's rdma_resolve_addr after a forgot its "
                 "neighbours", asked[0]["t_ns"], ms(100))
