@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "verbs/context.h"
 #include "verbs/events.h"
@@ -16,8 +17,10 @@
 namespace rdmalab::verbs {
 
 namespace {
-constexpr int kPollMs = 50;
-constexpr TimeNs kWaitSliceNs = 10 * kNsPerMs;
+constexpr int kBackstopMs = 1000;  // stop_thread wakes the poll; this is only a safety net
+// A read waits on the condition variable that deliver and interrupt notify: the slice only
+// bounds a wait that nobody notified (each wake-up costs a TCG guest ~0.4 ms of its vCPU).
+constexpr TimeNs kWaitSliceNs = kNsPerSec;
 
 static_assert(RDMA_CM_EVENT_ADDR_RESOLVED == 0 && RDMA_CM_EVENT_TIMEWAIT_EXIT == 15,
               "CmEventType mirrors librdmacm's order");
@@ -98,9 +101,10 @@ void VerbsCmEventChannel::record(const std::string& object, const std::string& k
 
 void VerbsCmEventChannel::loop() {
   while (!stop_) {
-    pollfd pfd{ch_.raw()->fd, POLLIN, 0};
-    if (poll(&pfd, 1, kPollMs) <= 0) continue;
-    if (pfd.revents & (POLLNVAL | POLLERR | POLLHUP)) return;  // fd gone: no more events
+    pollfd pfd[2] = {{ch_.raw()->fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+    if (poll(pfd, 2, kBackstopMs) <= 0) continue;
+    if (pfd[0].revents & (POLLNVAL | POLLERR | POLLHUP)) return;  // fd gone: no more events
+    if ((pfd[0].revents & POLLIN) == 0) continue;                 // woken: stop_ is set
     rdma_cm_event* raw = nullptr;
     while (!stop_ && rdma_get_cm_event(ch_.raw(), &raw) == 0) deliver(raw);
   }
@@ -157,6 +161,14 @@ void VerbsCmEventChannel::deliver(rdma_cm_event* raw) {
   cv_.notify_all();
 }
 
+void VerbsCmEventChannel::interrupt_get_event() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    interrupted_ = true;
+  }
+  cv_.notify_all();
+}
+
 std::shared_ptr<CmId> VerbsCmEventChannel::create_id() {
   rdma_event_channel* ch = ch_.get("rdma_create_id");
   auto id = std::make_shared<VerbsCmId>(shared_from_this(),
@@ -172,6 +184,7 @@ std::optional<CmEvent> VerbsCmEventChannel::get_event(TimeNs deadline_ns) {
   std::unique_lock<std::mutex> lock(mu_);
   const TimeNs start = monotonic_now_ns();
   while (unread_.empty()) {
+    if (std::exchange(interrupted_, false)) return std::nullopt;
     const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kWaitSliceNs);
     if (slice == 0) return std::nullopt;
     cv_.wait_for(lock, std::chrono::nanoseconds(slice));
@@ -276,6 +289,7 @@ void VerbsCmEventChannel::destroy() {
 
 void VerbsCmEventChannel::stop_thread() {
   stop_ = true;
+  wake_.wake();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 

@@ -23,6 +23,7 @@
 #include "rdmalab/history.h"
 #include "verbs/handles.h"
 #include "verbs/objects.h"
+#include "verbs/wake_fd.h"
 
 namespace rdmalab::verbs {
 
@@ -55,6 +56,7 @@ class VerbsCmEventChannel final : public CmEventChannel,
 
   std::shared_ptr<CmId> create_id() override;
   std::optional<CmEvent> get_event(TimeNs deadline_ns) override;
+  void interrupt_get_event() override;
   void ack_event(const CmEvent& ev) override;
   std::shared_ptr<CmId> find_id(uint64_t id_object) const override;
   void destroy() override;
@@ -87,8 +89,10 @@ class VerbsCmEventChannel final : public CmEventChannel,
   uint64_t id_;
   std::string label_;
   Handle<rdma_event_channel> ch_;
+  WakeFd wake_;  // ends the thread's poll at stop
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  bool interrupted_ = false;  // under mu_: interrupt_get_event came
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -151,6 +151,10 @@ std::optional<AsyncEvent> VerbsContext::get_async_event(TimeNs deadline_ns) {
   return st_->events.get(deadline_ns);
 }
 
+void VerbsContext::interrupt_get_async_event() {
+  st_->events.interrupt();
+}
+
 void VerbsContext::ack_async_event(const AsyncEvent& ev) {
   st_->ctx.get("ibv_ack_async_event");
   st_->events.ack(ev);

@@ -46,6 +46,7 @@ class VerbsContext final : public Context {
   std::shared_ptr<Qp> create_qp(const QpInitAttr& attr) override;
   std::shared_ptr<Qp> open_qp(Xrcd& xrcd, uint32_t qp_num) override;
   std::optional<AsyncEvent> get_async_event(TimeNs deadline_ns) override;
+  void interrupt_get_async_event() override;
   void ack_async_event(const AsyncEvent& ev) override;
   void close() override;
 

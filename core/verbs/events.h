@@ -20,6 +20,7 @@
 
 #include "rdmalab/history.h"
 #include "rdmalab/types.h"
+#include "verbs/wake_fd.h"
 
 namespace rdmalab::verbs {
 
@@ -54,6 +55,7 @@ class EventQueue {
   uint64_t unacked(uint64_t id) const;
 
   std::optional<AsyncEvent> get(TimeNs deadline_ns);
+  void interrupt();  // the get waiting now (or the next one) returns nullopt at once
   void ack(const AsyncEvent& ev);
 
   // For tests and the event thread: queue one ibv event as if read from the fd.
@@ -78,8 +80,10 @@ class EventQueue {
   History* history_;
   std::string host_;
   ibv_context* ctx_ = nullptr;  // null in tests: acks are bookkeeping only
+  WakeFd wake_;  // ends the thread's poll at stop
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  bool interrupted_ = false;  // under mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

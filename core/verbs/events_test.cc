@@ -53,6 +53,19 @@ TEST_F(EventQueueTest, GetReturnsNulloptAtDeadline) {
 // A controller's clock offset moves every deadline of the process alike: a wait whose deadline
 // came from RealRuntime::now_ns() ends on time, not `offset` later (the VM lab's agents hung
 // in Dispatcher::stop when the event queue read the raw clock).
+TEST_F(EventQueueTest, InterruptEndsAWaitingGetAtOnce) {
+  std::thread interrupter([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    q_.interrupt();
+  });
+  const TimeNs start = monotonic_now_ns();
+  EXPECT_FALSE(q_.get(start + 10 * kNsPerSec).has_value());
+  EXPECT_LT(monotonic_now_ns() - start, 5 * kNsPerSec);
+  interrupter.join();
+  // Taken once: the next get waits for its own deadline again.
+  EXPECT_FALSE(q_.get(soon()).has_value());
+}
+
 TEST_F(EventQueueTest, DeadlineFromRuntimeClockHoldsUnderOffset) {
   RealRuntime::set_clock_offset(1000 * kNsPerSec);
   RealRuntime rt;

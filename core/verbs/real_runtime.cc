@@ -43,6 +43,14 @@ void RealRuntime::run_body(const std::string& name, const std::function<void()>&
 }
 
 bool RealRuntime::wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) {
+  return wait(pred, deadline_ns, kPollNs);
+}
+
+bool RealRuntime::wait_notified(const std::function<bool()>& pred, TimeNs deadline_ns) {
+  return wait(pred, deadline_ns, kNotifiedBackstopNs);
+}
+
+bool RealRuntime::wait(const std::function<bool()>& pred, TimeNs deadline_ns, TimeNs recheck_ns) {
   const TimeNs start = now_ns();
   for (;;) {
     uint64_t seen = 0;
@@ -53,7 +61,7 @@ bool RealRuntime::wait_until(const std::function<bool()>& pred, TimeNs deadline_
     }
     // pred runs without our lock: it may take locks of its own or call notify_all.
     if (pred()) return true;
-    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, kPollNs);
+    const TimeNs slice = process_wait_slice_ns(start, deadline_ns, recheck_ns);
     if (slice == 0) break;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::nanoseconds(slice),

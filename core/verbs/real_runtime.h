@@ -1,6 +1,7 @@
 // The verbs backend's Runtime: real std::threads on CLOCK_MONOTONIC. wait_until re-checks its
 // predicate on every notify_all and at least every kPollNs, so a pred that depends on state
-// nobody notifies about (a device, another process) is still seen within a poll interval.
+// nobody notifies about (a device, another process) is still seen within a poll interval;
+// wait_notified re-checks on notify_all, and every kNotifiedBackstopNs only as a safety net.
 #pragma once
 
 #include <atomic>
@@ -19,6 +20,7 @@ namespace rdmalab::verbs {
 class RealRuntime final : public Runtime {
  public:
   static constexpr TimeNs kPollNs = kNsPerMs;
+  static constexpr TimeNs kNotifiedBackstopNs = 50 * kNsPerMs;
 
   RealRuntime() = default;
   ~RealRuntime() override;
@@ -33,6 +35,7 @@ class RealRuntime final : public Runtime {
   static void set_clock_offset(TimeNs offset_ns);
   void spawn(const std::string& name, std::function<void()> body) override;
   bool wait_until(const std::function<bool()>& pred, TimeNs deadline_ns) override;
+  bool wait_notified(const std::function<bool()>& pred, TimeNs deadline_ns) override;
   void notify_all() override;
   bool stopping() const override;
 
@@ -45,6 +48,8 @@ class RealRuntime final : public Runtime {
 
  private:
   void run_body(const std::string& name, const std::function<void()>& body);
+  // wait_until with pred re-checked on every notify_all and at least every recheck_ns.
+  bool wait(const std::function<bool()>& pred, TimeNs deadline_ns, TimeNs recheck_ns);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -50,6 +50,27 @@ TEST(RealRuntime, WaiterSeesUnnotifiedChangeWithinPoll) {
   EXPECT_TRUE(rt.wait_until([&] { return flag.load(); }, rt.now_ns() + 5 * kNsPerSec));
 }
 
+TEST(RealRuntime, WaitNotifiedWakesOnNotifyNotByPolling) {
+  RealRuntime rt;
+  std::atomic<int> checks{0};
+  std::atomic<bool> flag{false};
+  rt.spawn("setter", [&] {
+    rt.sleep_for(20 * kNsPerMs);
+    flag = true;
+    rt.notify_all();
+  });
+  const TimeNs start = rt.now_ns();
+  EXPECT_TRUE(rt.wait_notified(
+      [&] {
+        ++checks;
+        return flag.load();
+      },
+      start + 5 * kNsPerSec));
+  EXPECT_LT(rt.now_ns() - start, RealRuntime::kNotifiedBackstopNs);  // the notify woke it
+  EXPECT_LE(checks.load(), 3);  // wait_until would have looked about 20 times
+  rt.shutdown();
+}
+
 TEST(RealRuntime, ShutdownStopsWaitingThreadsAndJoins) {
   RealRuntime rt;
   std::atomic<bool> returned{false};

@@ -114,6 +114,10 @@ class CmEventChannel : public Object {
   virtual std::shared_ptr<CmId> create_id() = 0;  // rdma_create_id(RDMA_PS_TCP, RC)
   // rdma_get_cm_event with a deadline; nullopt at the deadline.
   virtual std::optional<CmEvent> get_event(TimeNs deadline_ns) = 0;
+  // Makes the get_event waiting now (or the next one) return nullopt at once, so a reader's
+  // stop or pause flag is seen without its read polling for it (the model's reads are woken
+  // through Runtime::WakeOn instead).
+  virtual void interrupt_get_event() {}
   virtual void ack_event(const CmEvent& ev) = 0;  // rdma_ack_cm_event
   // The id an event names (for CONNECT_REQUEST, the new passive id).
   virtual std::shared_ptr<CmId> find_id(uint64_t id_object) const = 0;

@@ -162,6 +162,9 @@ class Context : public Object {
   // ibv_get_async_event with a deadline: the next unread event, or nullopt at the deadline.
   // Reading an event counts it as reported on its object; destroy waits for its ack.
   virtual std::optional<AsyncEvent> get_async_event(TimeNs deadline_ns) = 0;
+  // Makes the get_async_event waiting now (or the next one) return nullopt at once (as
+  // CmEventChannel::interrupt_get_event).
+  virtual void interrupt_get_async_event() {}
   virtual void ack_async_event(const AsyncEvent& ev) = 0;  // ibv_ack_async_event
 
   virtual void close() = 0;  // ibv_close_device: destroys what is left, as process exit does
