@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +16,6 @@
 namespace rdmalab::verbs {
 
 namespace {
-constexpr int kBackstopMs = 1000;  // stop_thread wakes the poll; this is only a safety net
 // A read waits on the condition variable that deliver and interrupt notify: the slice only
 // bounds a wait that nobody notified (each wake-up costs a TCG guest ~0.4 ms of its vCPU).
 constexpr TimeNs kWaitSliceNs = kNsPerSec;
@@ -101,10 +99,9 @@ void VerbsCmEventChannel::record(const std::string& object, const std::string& k
 
 void VerbsCmEventChannel::loop() {
   while (!stop_) {
-    pollfd pfd[2] = {{ch_.raw()->fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
-    if (poll(pfd, 2, kBackstopMs) <= 0) continue;
-    if (pfd[0].revents & (POLLNVAL | POLLERR | POLLHUP)) return;  // fd gone: no more events
-    if ((pfd[0].revents & POLLIN) == 0) continue;                 // woken: stop_ is set
+    const WakeFd::Ready r = wake_.wait_readable(ch_.raw()->fd);
+    if (r == WakeFd::Ready::kGone) return;  // no more events
+    if (r == WakeFd::Ready::kNothing) continue;
     rdma_cm_event* raw = nullptr;
     while (!stop_ && rdma_get_cm_event(ch_.raw(), &raw) == 0) deliver(raw);
   }

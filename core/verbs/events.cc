@@ -1,7 +1,6 @@
 #include "verbs/events.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <atomic>
 #include <ctime>
 
@@ -16,7 +15,6 @@
 namespace rdmalab::verbs {
 
 namespace {
-constexpr int kBackstopMs = 1000;  // stop() wakes the poll; this is only a safety net
 // A read waits on the condition variable that deliver and interrupt notify: the slice only
 // bounds a wait that nobody notified (each wake-up costs a TCG guest ~0.4 ms of its vCPU).
 constexpr TimeNs kWaitSliceNs = kNsPerSec;
@@ -82,11 +80,9 @@ void EventQueue::stop() {
 
 void EventQueue::loop() {
   while (!stop_) {
-    pollfd pfd[2] = {{ctx_->async_fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
-    const int n = poll(pfd, 2, kBackstopMs);
-    if (n <= 0) continue;                                         // timeout, or EINTR
-    if (pfd[0].revents & (POLLNVAL | POLLERR | POLLHUP)) return;  // fd gone: no more events
-    if ((pfd[0].revents & POLLIN) == 0) continue;                 // woken: stop_ is set
+    const WakeFd::Ready r = wake_.wait_readable(ctx_->async_fd);
+    if (r == WakeFd::Ready::kGone) return;  // no more events
+    if (r == WakeFd::Ready::kNothing) continue;
     ibv_async_event raw{};
     while (!stop_ && ibv_get_async_event(ctx_, &raw) == 0) deliver(raw);
   }
