@@ -160,7 +160,10 @@ class AgentPool:
         before a scenario does: on a just-booted TCG guest the first rdma_resolve_addr
         otherwise spent over a second on it (seen on siw), and on the netns lab it waits
         its whole timeout (ib-addr-neighbour-update-lost). An entry asked for here (a pool's
-        first warm-up) also proves the path carries."""
+        first warm-up) also proves the path carries. After a machine restarts, warm them all:
+        a peer that sent to it while it was down holds a FAILED entry for it, and on 6.1
+        between two guests the peer's next rdma_resolve_addr then waited its whole 2 s (the
+        ARP reply came back inside the call: make test with the VM labs side by side)."""
         machines = list(machines or self.machines)
         end = time.monotonic() + deadline_s
 
@@ -289,7 +292,7 @@ class AgentPool:
         self._ready(m)
         self.used[m.name] = 0
         self.agents[i] = self.start_agent(m)
-        self.warm_data_path([m])
+        self.warm_data_path()  # every machine: its peers' entries for it too
 
     def heal(self) -> list[str]:
         """Restarts each machine whose agent is broken (a shutdown stuck in the kernel, a lost
@@ -1526,7 +1529,7 @@ class AgentLab:
         new = self.pool.replace_agent(agent, m)  # checks the install: a reboot may wipe it
         inst = self.pool._installed.get(m.name)
         agent_s = time.monotonic() - t_agent
-        self.pool.warm_data_path([m])
+        self.pool.warm_data_path()  # the peers' entries for it too (AgentPool.restart)
         new.new_lab(self.seed, name, self.addresses)
         self.pool.used[m.name] = 1  # this lab, on a fresh boot
         with self._lock:
