@@ -123,6 +123,9 @@ class AgentPool:
         self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
         self.leaks: list[str] = []  # what health checks after a lab found left behind
         self._installed: dict[str, object] = {}  # machine name -> lab.deploy.Installed
+        # A lab's faults (a flush, a link down, frames dropped while the kernel probed a peer)
+        # may have left a neighbour entry invalid: warm_data_path before the next lab.
+        self.neighbours_unsure = False
         # machine name -> the version whose copy of the controller's engine an agent loaded
         # there (kept across reboots: a copy shipped again needs no import to be trusted)
         self._loaded: dict[str, str] = {}
@@ -160,10 +163,12 @@ class AgentPool:
         before a scenario does: on a just-booted TCG guest the first rdma_resolve_addr
         otherwise spent over a second on it (seen on siw), and on the netns lab it waits
         its whole timeout (ib-addr-neighbour-update-lost). An entry asked for here (a pool's
-        first warm-up) also proves the path carries. After a machine restarts, warm them all:
-        a peer that sent to it while it was down holds a FAILED entry for it, and on 6.1
-        between two guests the peer's next rdma_resolve_addr then waited its whole 2 s (the
-        ARP reply came back inside the call: make test with the VM labs side by side)."""
+        first warm-up) also proves the path carries. After a machine restarts, and before the
+        lab after one that applied faults (neighbours_unsure), warm them all: a peer that
+        sent to it while it was down, or whose entry a fault flushed or let fail, holds an
+        invalid entry, and on 6.1 between two guests with the host's cores busy its next
+        rdma_resolve_addr waited its whole 2 s (the ARP answer came back inside the call:
+        make test with two VM labs side by side)."""
         machines = list(machines or self.machines)
         end = time.monotonic() + deadline_s
 
@@ -193,6 +198,8 @@ class AgentPool:
                     time.sleep(0.1)
 
         each_host(warm, machines)
+        if len(machines) == len(self.machines):
+            self.neighbours_unsure = False
 
     def start_agent(self, machine) -> Agent:
         """A new agent (its own python process) on machine, over a new SSH session, from the
@@ -957,6 +964,8 @@ class AgentFaults(NoFaults):
 
     def clear(self) -> None:
         from . import nft
+        if self._counts or any(r.action != "watch" for r in self._rules + self._switch_rules):
+            self._lab.pool.neighbours_unsure = True  # resolved again before the next lab
         lost = self._lab.lost_hosts()  # a lost host is restarted before its next lab
         for name in list(self._down):  # the next lab on these hosts starts with links up
             if name not in lost:
@@ -1109,6 +1118,8 @@ class AgentLab:
             raise FaultNotSupported("hosts", f"{pool.description} has {len(pool.agents)} hosts; "
                                     f"the scenario wants {len(names)} ({', '.join(names)})")
         healed = pool.heal()  # a stuck or lost host from an earlier lab: restarted first
+        if pool.neighbours_unsure:  # an earlier lab's faults (AgentFaults.clear)
+            pool.warm_data_path()
         self.pool, self.seed = pool, seed
         self.description = pool.description
         self.replay = ""

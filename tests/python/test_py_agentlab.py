@@ -126,3 +126,39 @@ def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
         "host a stood still 0.0 ms, host b stood still 0.0 ms"  # 500 ns, 800 ns: ms shown
     stalls["a"] = [(0, 740_200_000)]
     assert stood_still(lab, "a", 0, 10**9) == "host a stood still 740.2 ms"
+
+
+class _NeighMachine:
+    """A machine whose `ip neigh` answers from a table: what warm_data_path runs there."""
+
+    def __init__(self, name: str, address: str, state: str):
+        self.name, self.state, self.commands = name, state, []
+        self.facts = type("Facts", (), {"data_address": address, "netdev": "eth0"})()
+
+    def run(self, cmd: str, timeout: float):
+        self.commands.append(cmd)
+        return type("Result", (), {"out": f"10.0.0.x dev eth0 lladdr 52:54:00:00:00:01 "
+                                          f"{self.state}\n"})()
+
+
+def _pool(*machines) -> agentlab.AgentPool:
+    pool = agentlab.AgentPool.__new__(agentlab.AgentPool)  # no agents: only the warm-up
+    pool.machines, pool.neighbours_unsure = list(machines), True
+    return pool
+
+
+def test_a_warm_up_of_every_machine_clears_the_neighbours_unsure_mark():
+    a, b = _NeighMachine("vm1", "10.0.0.1", "STALE"), _NeighMachine("vm2", "10.0.0.2", "DELAY")
+    pool = _pool(a, b)
+    pool.warm_data_path([b])  # a restarted machine only: a's entry for it is not looked at
+    assert pool.neighbours_unsure and a.commands == [] and "10.0.0.1" in b.commands[0]
+    pool.warm_data_path()
+    assert not pool.neighbours_unsure and "10.0.0.2" in a.commands[0]
+
+
+def test_a_neighbour_that_never_resolves_is_a_hung_warm_up_not_a_cleared_mark():
+    a, b = _NeighMachine("vm1", "10.0.0.1", "FAILED"), _NeighMachine("vm2", "10.0.0.2", "STALE")
+    pool = _pool(a, b)
+    with pytest.raises(agentlab.Hung, match="vm1 cannot resolve 10.0.0.2"):
+        pool.warm_data_path(deadline_s=0.0)
+    assert pool.neighbours_unsure
