@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "verbs/events.h"
+
 namespace rdmalab::verbs {
 namespace {
 
@@ -123,6 +125,40 @@ TEST(StallMeter, AWaitsDeadlineDoesNotCountTheTimeTheMachineStoodStill) {
   // Without the meter the same wait is long over; and the credit is the stall, not more.
   EXPECT_EQ(wait_slice_ns(nullptr, start, deadline, seen.end_ns, kNsPerSec), 0);
   EXPECT_EQ(wait_slice_ns(&meter, start, deadline, seen.end_ns + 2 * kWait, kNsPerSec), 0);
+}
+
+// Two waits on one deadline, one after the other (cm_connect: the address, then the route), are
+// one budget: the second is credited a stall that came during the first. A wait on a deadline
+// of its own is not.
+TEST(StallMeter, ConsecutiveWaitsOnOneDeadlineShareTheStallCredit) {
+  constexpr TimeNs kJump = 300 * kNsPerMs;
+  std::atomic<TimeNs> jump{0};
+  std::atomic<int> reads{0};
+  // Lateness measured on a clock that jumps, stamped on the real one: to process_wait_slice_ns
+  // (CLOCK_MONOTONIC) the machine stood still for the 300 ms before the meter's wake-up.
+  StallMeter meter([] { return monotonic_now_ns(); }, nullptr, [&] {
+    ++reads;
+    return monotonic_now_ns() + jump.load();
+  });
+  ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
+  attach_process_meter(&meter);
+  const TimeNs first = monotonic_now_ns();
+  const TimeNs deadline = first + kJump + 100 * kNsPerMs;
+  EXPECT_GT(process_wait_slice_ns(first, deadline, kNsPerSec), 0);  // the first wait begins
+  std::this_thread::sleep_for(std::chrono::nanoseconds(kJump + 50 * kNsPerMs));
+  jump = kJump;
+  const TimeNs give_up = monotonic_now_ns() + 5 * kNsPerSec;
+  bool seen = false;
+  while (!seen && monotonic_now_ns() < give_up) {
+    for (const StallMeter::Stall& s : meter.stalls()) seen = seen || s.late_ns >= kJump / 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(seen) << "the 300 ms jump was not measured within 5 s";
+  while (monotonic_now_ns() <= deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const TimeNs second = monotonic_now_ns();  // the second wait begins past the deadline
+  EXPECT_GT(process_wait_slice_ns(second, deadline, kNsPerSec), 0);
+  EXPECT_EQ(process_wait_slice_ns(second, second - 1, kNsPerSec), 0);  // a deadline of its own
+  detach_process_meter(&meter);
 }
 
 }  // namespace
