@@ -3,8 +3,8 @@
 // was due. In a TCG guest on a loaded host a vCPU can stand still for hundreds of ms while the
 // clock goes on; every kernel timer and event in the guest is then late by as much. A test that
 // bounds a kernel timer adds the stall measured in its window, instead of a guessed tolerance.
-// The count is a lower bound (a stall that began mid-sleep counts from the deadline on), short
-// by less than kPeriodNs per stall. 10 ms, not 5: each wake-up costs a TCG guest ~0.4 ms of
+// A stall counts from the start of the sleep it ended (it began somewhere in it): at most
+// kPeriodNs more than it was, never less, as bounds need. 10 ms, not 5: a wake-up costs ~0.4 ms of
 // its vCPU, and at 5 ms two agents' meters took a third of a host core (netns lab, 2026-11-28).
 #pragma once
 
