@@ -167,7 +167,7 @@ test-fuzz: $(call needs,build-asan)
 # terminal); at the end the failed phases' logs and a per-phase time breakdown are printed. All
 # phases run even when one fails. The VM labs run in two lanes, rxe beside siw then netns: most
 # of a device scenario is kernel timers and round trips, and with the idle agents asleep
-# (docs/DESIGN.md) two labs keep the 2 cores busy where one left a third of them idle; every
+# (docs/DESIGN.md) two labs keep the 2 cores busy where one left about a quarter of them idle; every
 # wait and timing bound counts the stalls this costs (lab.stalled_ns). Not three: at two the
 # cores are already 94% busy. test-browser waits for test-vm-siw's report (done=: also after
 # a failed run, whose report matters most).
