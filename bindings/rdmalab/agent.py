@@ -16,8 +16,17 @@ _LOCK = threading.Lock()
 
 
 def track(lab) -> None:
+    """Keeps lab until it shuts down: an agent makes one per scenario, and a lab kept after
+    its shutdown kept its memory (and once kept its stall meter's thread running)."""
     with _LOCK:
         _LABS.append(lab)
+    lab.on_shutdown(_untrack)
+
+
+def _untrack(lab) -> None:
+    with _LOCK:
+        if lab in _LABS:
+            _LABS.remove(lab)
 
 
 AGENT_COMM = b"rdmalab-agent"  # the name `rdma res show` gives this process's objects

@@ -23,12 +23,17 @@ StallMeter::StallMeter(Clock clock, std::function<void(const Stall&)> on_stall, 
       thread_([this] { run(); }) {}
 
 StallMeter::~StallMeter() {
+  stop();
+}
+
+void StallMeter::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 void StallMeter::run() {

@@ -194,6 +194,8 @@ void VerbsLab::shutdown() {
   shut_down_ = true;
   runtime_.shutdown();  // harness threads first: they may still use the objects
   host_->shutdown();
+  detach_process_meter(&meter_);  // the next lab's waits use the next lab's meter
+  meter_.stop();
 }
 
 }  // namespace rdmalab::verbs

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <iterator>
+#include <thread>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -13,6 +17,21 @@
 
 namespace rdmalab::verbs {
 namespace {
+
+size_t thread_count() {
+  return static_cast<size_t>(std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                           std::filesystem::directory_iterator{}));
+}
+
+// A joined thread's /proc entry may outlive the join by a moment (the kernel wakes the joiner
+// before it releases the task).
+size_t thread_count_once_at_most(size_t n) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (thread_count() > n && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return thread_count();
+}
 
 TEST(VerbsLab, HasOneLocalHostAndRealTime) {
   VerbsLab lab(1);
@@ -94,6 +113,17 @@ TEST(VerbsLab, ShutdownStopsHarnessThreads) {
   });
   lab.shutdown();
   EXPECT_TRUE(returned.load());
+}
+
+// The lab's threads (its stall meter's too) end with shutdown, not with the object: a host
+// agent keeps a shut lab's object until its controller lets go of it, and it makes one lab
+// per scenario (a guest once ran a meter for every scenario before).
+TEST(VerbsLab, ShutdownEndsEveryThreadOfTheLab) {
+  const size_t before = thread_count();
+  VerbsLab lab(1);
+  EXPECT_GT(thread_count(), before) << "the meter's thread did not start";
+  lab.shutdown();
+  EXPECT_EQ(thread_count_once_at_most(before), before);
 }
 
 // The tests below need a device (rxe/siw in the VM lab, mlx5 on hardware).
