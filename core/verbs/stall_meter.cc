@@ -4,6 +4,8 @@
 #include <chrono>
 #include <limits>
 
+#include <pthread.h>
+
 #include "verbs/events.h"
 
 namespace rdmalab::verbs {
@@ -37,6 +39,7 @@ void StallMeter::stop() {
 }
 
 void StallMeter::run() {
+  pthread_setname_np(pthread_self(), kThreadName);  // for top -H, gdb and the tests
   TimeNs due = monotonic_() + kPeriodNs;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {

@@ -25,6 +25,7 @@ class StallMeter {
   static constexpr TimeNs kPeriodNs = 10 * kNsPerMs;
   static constexpr TimeNs kLateNs = kNsPerMs;  // below this: the scheduler's ordinary jitter
   static constexpr size_t kKept = 4096;        // newest stalls kept (a bounded ring)
+  static constexpr const char* kThreadName = "stall-meter";  // the thread's comm
 
   struct Stall {
     TimeNs end_ns;   // when the thread ran again, on clock()

@@ -5,7 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <iterator>
+#include <fstream>
 #include <thread>
 #include <cstdlib>
 #include <string>
@@ -13,24 +13,27 @@
 
 #include "rdmalab/error.h"
 #include "verbs/context.h"
+#include "verbs/stall_meter.h"
 #include "verbs/test_util.h"
 
 namespace rdmalab::verbs {
 namespace {
 
-size_t thread_count() {
-  return static_cast<size_t>(std::distance(std::filesystem::directory_iterator("/proc/self/task"),
-                                           std::filesystem::directory_iterator{}));
-}
-
-// A joined thread's /proc entry may outlive the join by a moment (the kernel wakes the joiner
-// before it releases the task).
-size_t thread_count_once_at_most(size_t n) {
+// This process's threads named `name`, waiting up to 5 s for there to be `want` of them: a new
+// thread names itself once it runs, and a joined thread's /proc entry may outlive the join by a
+// moment (the kernel wakes the joiner before it releases the task).
+size_t threads_named(const std::string& name, size_t want) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (thread_count() > n && std::chrono::steady_clock::now() < give_up) {
+  for (;;) {
+    size_t n = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string line;
+      if (std::getline(comm, line) && line == name) ++n;
+    }
+    if (n == want || std::chrono::steady_clock::now() >= give_up) return n;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return thread_count();
 }
 
 TEST(VerbsLab, HasOneLocalHostAndRealTime) {
@@ -119,11 +122,12 @@ TEST(VerbsLab, ShutdownStopsHarnessThreads) {
 // agent keeps a shut lab's object until its controller lets go of it, and it makes one lab
 // per scenario (a guest once ran a meter for every scenario before).
 TEST(VerbsLab, ShutdownEndsEveryThreadOfTheLab) {
-  const size_t before = thread_count();
+  const std::string meter = StallMeter::kThreadName;
+  ASSERT_EQ(threads_named(meter, 0), 0u) << "an earlier lab's meter is still running";
   VerbsLab lab(1);
-  EXPECT_GT(thread_count(), before) << "the meter's thread did not start";
+  EXPECT_EQ(threads_named(meter, 1), 1u) << "the lab's meter did not start";
   lab.shutdown();
-  EXPECT_EQ(thread_count_once_at_most(before), before);
+  EXPECT_EQ(threads_named(meter, 0), 0u) << "the meter outlived the lab's shutdown";
 }
 
 // The tests below need a device (rxe/siw in the VM lab, mlx5 on hardware).
