@@ -59,6 +59,20 @@ def test_an_agent_keeps_no_thread_or_lab_of_a_scenario_that_ended(agent):
     assert meter_threads(agent) == 1, "the meters of the labs shut down are still running"
 
 
+def test_value_objects_come_as_copies_and_live_ones_as_proxies(agent):
+    """A frozen dataclass of data (a WC) and a list of them cross in one message as copies;
+    one that holds a live object (a CmEvent's raw event) stays a proxy to the agent's."""
+    from rdmalab.verbs import WC
+    wc = agent.module("rdmalab.verbs").WC(7, "SUCCESS", "SEND", 0, 64, 0, 5, 0, False)
+    assert type(wc) is WC and not remote.is_remote(wc)
+    assert (wc.wr_id, wc.status, wc.qp_num) == (7, "SUCCESS", 5)
+    wcs = agent.module("builtins").list([wc, wc])
+    assert type(wcs) is list and [type(w) for w in wcs] == [WC, WC]
+    live = agent.module("rdmalab.cm").CmEvent("ESTABLISHED", 0, 1, 0, b"", 1, 0,
+                                               agent.module("threading").Lock())
+    assert remote.is_remote(live) and live.event == "ESTABLISHED"
+
+
 def test_agent_clock_is_offset_onto_the_controllers(agent):
     lab = agent.new_lab(1, "a", {})
     before = time.monotonic_ns()
