@@ -346,6 +346,8 @@ def test_a_boot_whose_init_prints_nothing_is_killed_and_booted_once_more(tmp_pat
         vm.start()
         with pytest.raises(vm_mod.VmTimeout, match="not ready after 2.0 s"):
             vm.wait_ready(2.0)
-        assert boots.read_text() == "2"
+        # Started once more, not twice: counted by the harness, not by the fake guest, whose
+        # Python may not have run within the 2 s (stress-ng and two device labs beside it).
+        assert vm.boots == 4
     finally:
         vm.kill()
