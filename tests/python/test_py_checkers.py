@@ -657,10 +657,12 @@ def test_mutation_destroy_ignores_unacked_is_found():
 
 # ---------------------------------------------------------------- speed
 
-def test_checkers_are_fast_enough_for_the_swarm():
-    """The swarm runs every checker on every seed (10,000 seeds a minute on 2 cores): all of
-    them on a 1,000-record history should take well under 2 ms. The bound here is 5x that,
-    so a loaded machine does not fail it; a pass that went quadratic would."""
+def test_checkers_are_linear_in_the_history():
+    """The swarm runs every checker on every seed (10,000 seeds a minute on 2 cores), so no
+    checker may go quadratic in the history. Measured as a ratio in this run, not against a
+    fixed time (a fixed 10 ms failed at 13.8 ms with stress-ng and two device labs beside it):
+    twice the records take about twice as long, a quadratic pass four times. The absolute
+    figure is printed (`make bench`'s kind of number, ~2 ms for 1,000 records)."""
     from rdmalab.lab import model_lab
     from rdmalab.resources import CmPair
     lab = model_lab(seed=5, personality="roce")
@@ -678,9 +680,13 @@ def test_checkers_are_fast_enough_for_the_swarm():
     ctx = checkers.context_of(lab)
     history = lab.history()[:1000]
     lab.shutdown()
-    best = min(_timed(checkers.check_all, history, ctx) for _ in range(20))
-    print(f"all checkers on 1,000 records: {best * 1e3:.3f} ms")
-    assert best < 0.010, f"{best * 1e3:.2f} ms for 1,000 records"
+    half, full = [], []
+    for _ in range(20):  # interleaved: both see the same load
+        half.append(_timed(checkers.check_all, history[:500], ctx))
+        full.append(_timed(checkers.check_all, history, ctx))
+    ratio = min(full) / min(half)
+    print(f"all checkers: {min(full) * 1e3:.3f} ms on 1,000 records, {ratio:.2f}x 500's")
+    assert ratio < 3.0, f"1,000 records took {ratio:.2f}x as long as 500: not linear"
 
 
 def _timed(fn, *args):
