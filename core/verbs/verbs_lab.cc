@@ -180,8 +180,7 @@ VerbsLab::VerbsLab(uint64_t seed, std::string host_name)
 }
 
 VerbsLab::~VerbsLab() {
-  shutdown();
-  detach_process_meter(&meter_);
+  shutdown();  // detaches and stops the meter
 }
 
 std::shared_ptr<Host> VerbsLab::host(const std::string& name) const {

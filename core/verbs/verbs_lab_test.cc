@@ -4,11 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
-#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmalab/error.h"
