@@ -89,6 +89,12 @@ void bind_lab_class(py::module_& m) {
       .def(
           "history_since_jsonl", [](Lab& l, uint64_t seq) { return l.history().since_jsonl(seq); },
           arg("seq"), kRelease)
+      .def(
+          "history_wait_since_jsonl",
+          [](Lab& l, uint64_t seq, int64_t wait_ns) {
+            return l.history().wait_since_jsonl(seq, std::chrono::nanoseconds(wait_ns));
+          },
+          arg("seq"), arg("wait_ns"), kRelease)
       .def("history_size", [](Lab& l) { return l.history().size(); })
       .def("history_next_seq", [](Lab& l) { return l.history().next_seq(); })
       .def(

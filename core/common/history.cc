@@ -159,6 +159,7 @@ void History::append_line_locked(const std::string& line) {
   }
   starts_.push_back(uint64_t{chunks_.size() - 1} << 32 | chunks_.back().size());
   chunks_.back() += line;
+  grew_.notify_all();
 }
 
 // Appends the record's line; returns its seq. The observer, if any, gets the record after.
@@ -264,6 +265,14 @@ std::string History::since_jsonl(uint64_t seq) const {
   out.append(chunks_[first], offset);
   for (size_t c = first + 1; c < chunks_.size(); ++c) out += chunks_[c];
   return out;
+}
+
+std::string History::wait_since_jsonl(uint64_t seq, std::chrono::nanoseconds wait) const {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    grew_.wait_for(lock, wait, [&] { return seq < starts_.size(); });
+  }
+  return since_jsonl(seq);
 }
 
 void History::set_observer(std::function<void(const HistoryRecord&)> fn) {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rdmalab {
@@ -94,6 +96,25 @@ TEST(History, ObserverSeesTheRecord) {
   EXPECT_EQ(seen[0].t_ns, 42);
   EXPECT_EQ(seen[0].kind, "wc");
   EXPECT_EQ(seen[0].data["status"], "SUCCESS");
+}
+
+TEST(History, WaitSinceReturnsOnceARecordComesAndEmptyAtItsEnd) {
+  using std::chrono::milliseconds;
+  History h([] { return TimeNs{0}; });
+  h.record("a", "qp:1", "first");
+  EXPECT_EQ(lines_of(h.wait_since_jsonl(0, milliseconds(0))).size(), 1U);  // there already
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(h.wait_since_jsonl(1, milliseconds(20)), "");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(20));
+  std::thread writer([&h] {
+    std::this_thread::sleep_for(milliseconds(20));
+    h.record("a", "qp:1", "second");
+  });
+  // Woken by the record, long before the minute it may wait (a deadline kept, not a guess).
+  const std::string got = h.wait_since_jsonl(1, std::chrono::minutes(1));
+  writer.join();
+  ASSERT_EQ(lines_of(got).size(), 1U);
+  EXPECT_NE(got.find("\"second\""), std::string::npos) << got;
 }
 
 }  // namespace

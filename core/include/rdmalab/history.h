@@ -3,6 +3,8 @@
 // In the model the same seed yields a byte-identical history.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -76,6 +78,9 @@ class History {
   uint64_t next_seq() const;
   std::string to_jsonl() const;  // one compact JSON object per line, keys sorted
   std::string since_jsonl(uint64_t seq) const;  // to_jsonl's lines of records >= seq
+  // since_jsonl(seq) once there is such a record, or "" after `wait`: a follower in another
+  // process (an agent's controller) blocks here instead of polling.
+  std::string wait_since_jsonl(uint64_t seq, std::chrono::nanoseconds wait) const;
 
   // Optional observer (metrics, live logs). Called under no lock, after the record is stored.
   void set_observer(std::function<void(const HistoryRecord&)> fn);
@@ -95,6 +100,7 @@ class History {
 
   Clock clock_;
   mutable std::mutex mu_;
+  mutable std::condition_variable grew_;  // a line was appended (wait_since_jsonl)
   // Each record is kept as its JSON line, as to_jsonl exports it: a record costs its ~140
   // bytes of text instead of a JSON object (a map node per field), and export is a copy.
   // Lines fill fixed-size chunks (never moved as the history grows); line i starts at
