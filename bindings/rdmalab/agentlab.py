@@ -32,7 +32,7 @@ from .errors import FaultNotSupported, HostLost, Hung
 from .errors import make_error as _make_error
 from .faults import NoFaults, _host_name
 from .protocol import WIRE_PLACEMENT
-from .remote import Agent, obtain
+from .remote import Agent
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HISTORY_TAIL = 50
@@ -1141,6 +1141,7 @@ class AgentLab:
         self._sealed: set[str] = set()
         self._lost: dict[str, dict] = {}
         self._procs: list[AgentProcess] = []  # killable processes (agents of their own)
+        self._hosts: dict[str, tuple] = {}  # name -> (its agent's lab, that lab's Host)
         self._shutdown_hooks: list[Callable[["AgentLab"], None]] = []
         self._lock = threading.RLock()
         self._shut = False
@@ -1206,7 +1207,11 @@ class AgentLab:
             raise KeyError(f"no host {name!r} in {self.description}; hosts: "
                            f"{', '.join(self._agents)}")
         self._check_lost(name)
-        return self._agents[name].lab.host(name)
+        agent_lab = self._agents[name].lab
+        kept = self._hosts.get(name)
+        if kept is None or kept[0] is not agent_lab:  # asked once per agent lab: a round trip
+            kept = self._hosts[name] = (agent_lab, agent_lab.host(name))
+        return kept[1]
 
     def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
         """How long host's machine stood still in [from_ns, to_ns], as its agent's StallMeter
@@ -1246,8 +1251,7 @@ class AgentLab:
         # commands cost ~0.5 s each on a TCG guest, and this is polled. The batch stops at
         # the first kind that fails: those after it are asked one at a time.
         kinds = ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq")
-        res = obtain(self.agent_for(host).function("rdmalab.evidence", "rdma_res")(
-            "", 30.0, kinds))
+        res = self.agent_for(host).call_copy("rdmalab.evidence", "rdma_res", "", 30.0, kinds)
         failed = [k for k in kinds if isinstance(res.get(k), dict)]
         for kind in failed[1:]:
             r = self._machines[host].run(f"rdma -j res show {kind}", 30, root=True)

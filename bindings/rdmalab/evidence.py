@@ -292,11 +292,10 @@ class Collector:
     def _agent_call(self, host: str, fn: str, *args) -> Callable[[], object]:
         def call():
             agent = self.lab.agent_for(host)
-            f = agent.function("rdmalab.evidence", fn)
             broken_before = agent.broken
             try:
-                return _obtain(agent.call_with_deadline(
-                    f, _DEADLINE_S.get(fn, HOST_DEADLINE_S), f"evidence {fn}", *args))
+                return agent.call_copy("rdmalab.evidence", fn, *args, what=f"evidence {fn}",
+                                       deadline_s=_DEADLINE_S.get(fn, HOST_DEADLINE_S))
             except Hung:
                 if not broken_before:  # stuck in this call, not refused as broken already
                     self.lab.record_stuck(host, agent)
@@ -535,8 +534,3 @@ class Collector:
                     "cost_s": round(self._cost_s, 3)}
         (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n",
                                                 encoding="utf-8")
-
-
-def _obtain(value):
-    from .remote import obtain
-    return obtain(value)

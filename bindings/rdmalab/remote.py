@@ -350,12 +350,11 @@ class Agent:
         if self.lab is not None:
             self.close_lab()
         self.host = host
-        self.lab = self.function("rdmalab.lab", "verbs_lab")(seed, host,
-                                                            tuple(addresses.items()))
-        self.labs += 1
         self.sync_clock()
         # The agent's times (history, events, deadlines) on the controller's clock.
-        self.lab._o.set_clock_offset(self.offset_ns)
+        self.lab = self.function("rdmalab.agent", "open_lab")(
+            seed, host, tuple(addresses.items()), self.offset_ns)
+        self.labs += 1
         return self.lab
 
     def close_lab(self, deadline_s: float = CLOSE_DEADLINE_S) -> None:
@@ -386,7 +385,7 @@ class Agent:
     def sync_clock(self) -> None:
         """Offset of the agent's monotonic clock from ours, from the fastest of a few round
         trips (as NTP does): merged histories order records of different hosts by it."""
-        clock = self.module("time").monotonic_ns
+        clock = self.function("time", "monotonic_ns")
         best = None
         for _ in range(5):
             t0 = time.monotonic_ns()
@@ -395,6 +394,19 @@ class Agent:
             if best is None or t1 - t0 < best[0]:
                 best = (t1 - t0, (t0 + t1) // 2 - remote)
         self.offset_ns = best[1]
+
+    def call_copy(self, module: str, name: str, *args, deadline_s: Optional[float] = None,
+                  what: str = ""):
+        """A copy of module.name(*args)'s result, which must be plain data (a dict of lists,
+        numbers and strings): one round trip (rdmalab.agent.pickled). With deadline_s, as
+        call_with_deadline."""
+        fn = self.function("rdmalab.agent", "pickled")
+        if deadline_s is None:
+            data = fn(module, name, *args)
+        else:
+            data = self.call_with_deadline(fn, deadline_s, what or f"{module}.{name}", module,
+                                           name, *args)
+        return pickle.loads(data)  # noqa: S301 - our own agent, as allow_pickle
 
     def call(self, module: str, name: str, *args, **kw):
         """module.name(*args, **kw) in the agent; the agent's lab replaces a lab argument."""

@@ -74,20 +74,23 @@ class Player:
     def endpoint(self) -> stack.Endpoint:
         return stack.local_endpoint(self.qp, self.psn)
 
+    # count= posts that many WRs (Traffic's count=) where the Player lives: one round trip
+    # to its agent instead of one per WR. Returns the last WR's wr_id.
     def post_send(self, length: int = 64, offset: int = 0, opcode="SEND", wr_id: int = 0,
-                  peer: Optional["Player"] = None, **kw) -> int:
+                  peer: Optional["Player"] = None, count: int = 1, **kw) -> int:
         """Posts from this side's MR; peer= targets the peer's MR for RDMA opcodes."""
         if peer is not None:
             kw.setdefault("remote_addr", peer.mr.addr)
             kw.setdefault("rkey", peer.mr.rkey)
         sge = self.mr.sge(offset, length) if length else None
-        return self.traffic.post_send(self.qp, wr_id, opcode, sge, **kw)
+        return self.traffic.post_send(self.qp, wr_id, opcode, sge, count=count, **kw)
 
-    def post_recv(self, length: int = 64, offset: int = 0, wr_id: int = 0) -> int:
+    def post_recv(self, length: int = 64, offset: int = 0, wr_id: int = 0,
+                  count: int = 1) -> int:
         sge = self.mr.sge(offset, length) if length else None
         if self.srq is not None:
-            return self.traffic.post_srq_recv(self.srq, wr_id, sge)
-        return self.traffic.post_recv(self.qp, wr_id, sge)
+            return self.traffic.post_srq_recv(self.srq, wr_id, sge, count)
+        return self.traffic.post_recv(self.qp, wr_id, sge, count)
 
     def poll(self, n: int = 32) -> list[WC]:
         return self.traffic.poll(self.cq, n)
@@ -142,7 +145,8 @@ class RCPair:
         self.params = None
 
     def connect(self) -> None:
-        ep_a, ep_b = self.a.endpoint, self.b.endpoint
+        ep_a = stack.endpoint_values(self.a.endpoint)  # read once: each is a round trip
+        ep_b = stack.endpoint_values(self.b.endpoint)  # to its agent, when it lives in one
         stack.bring_up(self.a.qp, ep_a, ep_b, self.params)
         stack.bring_up(self.b.qp, ep_b, ep_a, self.params)
 
@@ -420,9 +424,11 @@ class XrcReceiver:
     def endpoint(self) -> stack.Endpoint:
         return stack.local_endpoint(self.qp, self.psn)
 
-    def post_recv(self, srq_index: int = 0, length: int = 64, wr_id: int = 0) -> int:
+    def post_recv(self, srq_index: int = 0, length: int = 64, wr_id: int = 0,
+                  count: int = 1) -> int:
+        """Posts to SRQ srq_index; count= as Player.post_recv's."""
         sge = self.mr.sge(0, length) if length else None
-        return self.traffic.post_srq_recv(self.srqs[srq_index], wr_id, sge)
+        return self.traffic.post_srq_recv(self.srqs[srq_index], wr_id, sge, count)
 
     def open_in(self, process: str):
         """Another process on the host opens the domain and a handle on the TGT QP."""
@@ -456,11 +462,13 @@ class XrcSender:
     def endpoint(self) -> stack.Endpoint:
         return stack.local_endpoint(self.qp, self.psn)
 
-    def post_send(self, srq, length: int = 64, wr_id: int = 0, **kw) -> int:
-        """Sends to an XRC SRQ (an Srq or its srq_num) on the receiving host."""
+    def post_send(self, srq, length: int = 64, wr_id: int = 0, count: int = 1, **kw) -> int:
+        """Sends to an XRC SRQ (an Srq or its srq_num) on the receiving host; count= as
+        Player.post_send's."""
         srqn = srq if isinstance(srq, int) else srq.srq_num
         sge = self.mr.sge(0, length) if length else None
-        return self.traffic.post_send(self.qp, wr_id, "SEND", sge, remote_srqn=srqn, **kw)
+        return self.traffic.post_send(self.qp, wr_id, "SEND", sge, remote_srqn=srqn,
+                                      count=count, **kw)
 
     def wait_completions(self, n: int, timeout_ns: int = sec(1)) -> bool:
         return self.traffic.wait_completions(self.cq, n, timeout_ns)
@@ -474,6 +482,7 @@ class XrcPair:
         self.lab = lab
         self.receiver = XrcReceiver(lab, b, path=path, n_srq=n_srq)
         self.sender = XrcSender(lab, a)
-        ep_s, ep_r = self.sender.endpoint, self.receiver.endpoint
+        ep_s = stack.endpoint_values(self.sender.endpoint)
+        ep_r = stack.endpoint_values(self.receiver.endpoint)
         stack.bring_up(self.sender.qp, ep_s, ep_r, params)
         stack.bring_up(self.receiver.qp, ep_r, ep_s, params)

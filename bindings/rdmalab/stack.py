@@ -4,11 +4,12 @@ traffic accounting, the async event dispatcher and the portable drain. Timeouts 
 
 from __future__ import annotations
 
+import errno
 from typing import Callable, Iterable, Optional
 
 from . import _core
 from . import remote as _remote
-from .errors import deadline_ns, raise_parked
+from .errors import deadline_ns, make_error, raise_parked
 from .names import name, parse, sec
 from .verbs import (DEFAULT_DESTROY_TIMEOUT_NS, WC, AsyncEvent, Context, Cq, Qp, Srq,
                     engine_object, make_recv_wr, make_send_wr, unwrap)
@@ -64,9 +65,13 @@ _RC_FIELDS = ("path_mtu", "timeout", "retry_cnt", "rnr_retry", "min_rnr_timer", 
 
 
 def endpoint_values(ep) -> tuple:
-    """An Endpoint (here or in an agent) as a tuple of plain values, which RPyC copies."""
+    """An Endpoint (here or in an agent) as a tuple of plain values, which RPyC copies. One
+    in an agent is read there: one round trip, not one per field."""
     if isinstance(ep, tuple):
         return ep
+    agent = _remote.agent_of(ep)
+    if agent is not None:
+        return agent.call("rdmalab.stack", "endpoint_values", ep)
     return tuple(int(getattr(ep, f)) for f in _EP_FIELDS) + (bytes(ep.gid.raw),
                                                                 str(ep.transport.name))
 
@@ -119,16 +124,32 @@ class Traffic:
             engine_object(o, self._o.scope, f"Traffic::{verb}", kind)
         return o
 
-    def post_send(self, qp: Qp, wr_id: int = 0, opcode="SEND", sge=None, **kw) -> int:
-        return _run(self._o.post_send, self._obj(qp, "post_send", "qp"),
-                    make_send_wr(wr_id, opcode, sge, **kw))
+    # count= posts that many WRs, one ibv_post_* call each, exactly as a loop of posts (as
+    # pyverbs' tests/utils.py post_recv(num_wqes=)): in an agent, one round trip for all.
+    # Each WR needs its own wr_id, so a count above 1 takes wr_id 0 (the ledger gives each a
+    # unique one). Returns the last WR's wr_id.
+    def post_send(self, qp: Qp, wr_id: int = 0, opcode="SEND", sge=None, count: int = 1,
+                  **kw) -> int:
+        return self._post("post_send", qp, "qp", make_send_wr(wr_id, opcode, sge, **kw),
+                          count, wr_id)
 
-    def post_recv(self, qp: Qp, wr_id: int = 0, sge=None) -> int:
-        return _run(self._o.post_recv, self._obj(qp, "post_recv", "qp"), make_recv_wr(wr_id, sge))
+    def post_recv(self, qp: Qp, wr_id: int = 0, sge=None, count: int = 1) -> int:
+        return self._post("post_recv", qp, "qp", make_recv_wr(wr_id, sge), count, wr_id)
 
-    def post_srq_recv(self, srq: Srq, wr_id: int = 0, sge=None) -> int:
-        return _run(self._o.post_srq_recv, self._obj(srq, "post_srq_recv", "srq"),
-                    make_recv_wr(wr_id, sge))
+    def post_srq_recv(self, srq: Srq, wr_id: int = 0, sge=None, count: int = 1) -> int:
+        return self._post("post_srq_recv", srq, "srq", make_recv_wr(wr_id, sge), count, wr_id)
+
+    def _post(self, verb: str, obj, kind: str, wr, count, wr_id: int) -> int:
+        if type(count) is not int:
+            raise TypeError(f"Traffic::{verb}: count must be an int, not {type(count).__name__}")
+        if count < 1 or (count > 1 and wr_id):
+            why = (f"count = {count}: at least one WR" if count < 1 else
+                   f"count = {count} with wr_id = {wr_id}: each WR needs its own wr_id")
+            raise make_error(f"Traffic::{verb}", errno.EINVAL, why)
+        post, target = getattr(self._o, verb), self._obj(obj, verb, kind)
+        for _ in range(count):
+            posted = _run(post, target, wr)
+        return posted
 
     def poll(self, cq: Cq, max: int = 32) -> list[WC]:
         return [WC.from_core(w) for w in _run(self._o.poll, self._obj(cq, "poll", "cq"), max)]

@@ -3,6 +3,7 @@ driven over RPyC on the execnet channel, with a verbs lab of this machine (no RD
 here, so only what needs none), and the --lab vm option parsing and fallback."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -73,6 +74,31 @@ def test_value_objects_come_as_copies_and_live_ones_as_proxies(agent):
     live = agent.module("rdmalab.cm").CmEvent("ESTABLISHED", 0, 1, 0, b"", 1, 0,
                                                agent.module("threading").Lock())
     assert remote.is_remote(live) and live.event == "ESTABLISHED"
+
+
+def test_a_copy_of_plain_data_comes_in_one_message(agent):
+    """call_copy: the result itself, not a proxy whose reads would each ask the agent."""
+    got = agent.call_copy("os.path", "split", "/a/b")
+    assert type(got) is tuple and got == ("/a", "b")
+    env = agent.call_copy("os", "getenv", "PATH")
+    assert type(env) is str
+
+
+def test_history_after_waits_for_the_next_record_and_no_longer(agent):
+    """The follower's fetch blocks in the agent until a record comes (no polling there), and
+    comes back empty at the end of its wait."""
+    lab = agent.new_lab(1, "a", {})
+    since = int(lab._o.history_next_seq())
+    t0 = time.monotonic()
+    assert agent.history_after(since, 0.2) == ""
+    assert time.monotonic() - t0 >= 0.2
+    writer = threading.Timer(0.1, lambda: lab.record("note", text="now"))
+    writer.start()
+    t0 = time.monotonic()
+    text = agent.history_after(since, 60.0)
+    writer.join()
+    assert '"kind":"note"' in text and '"text":"now"' in text, text
+    assert time.monotonic() - t0 < 30, "the fetch waited for its deadline, not for the record"
 
 
 def test_agent_clock_is_offset_onto_the_controllers(agent):

@@ -50,6 +50,35 @@ def test_drain_flushes_every_posted_recv(ib_lab):
     assert pair.b.traffic.check().exactly_once()
 
 
+def test_count_posts_that_many_wrs_each_with_its_own_wr_id(ib_lab):
+    pair = RCPair(ib_lab, max_recv_wr=16, max_send_wr=16)
+    last = pair.b.post_recv(length=8, count=5)
+    assert pair.b.traffic.outstanding(pair.b.qp, "RQ") == 5
+    pair.a.post_send(length=8, count=3)
+    assert pair.b.wait_completions(3, ms(10)) and pair.a.wait_completions(3, ms(10))
+    ids = [w.wr_id for w in pair.b.traffic.completions()]
+    assert len(set(ids)) == 3 and last not in ids  # in order: the last two still wait
+    assert pair.b.traffic.outstanding(pair.b.qp, "RQ") == 2
+    assert pair.b.drain(timeout_ns=ms(100)).flushed == 2
+    for player in pair.players:
+        assert player.traffic.check().exactly_once()
+
+
+@pytest.mark.parametrize("count, wr_id, want", [
+    (0, 0, "Traffic::post_recv: EINVAL (22): count = 0: at least one WR"),
+    (2, 7, "Traffic::post_recv: EINVAL (22): count = 2 with wr_id = 7: each WR needs its own "
+           "wr_id"),
+])
+def test_a_count_that_cannot_be_posted_is_refused_before_any_post(ib_lab, count, wr_id, want):
+    pair = RCPair(ib_lab)
+    with pytest.raises(rdmalab.Error) as err:
+        pair.b.post_recv(length=8, wr_id=wr_id, count=count)
+    assert str(err.value) == want and err.value.errno == errno.EINVAL
+    with pytest.raises(TypeError, match="count must be an int, not str"):
+        pair.b.post_recv(length=8, count="2")
+    assert pair.b.traffic.outstanding(pair.b.qp, "RQ") == 0
+
+
 def test_dropped_packet_rule_counts_hits(ib_lab):
     pair = RCPair(ib_lab)
     rule = ib_lab.faults.drop(opcode="SEND_ONLY", count=1)

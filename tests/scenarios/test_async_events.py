@@ -29,10 +29,8 @@ def test_cq_overflow_raises_cq_err(lab):
     got = Events()
     with Dispatcher(lab, b.ctx) as d:
         d.watch(b.cq, got)
-        for _ in range(n):
-            b.post_recv(length=64)
-        for _ in range(n):
-            a.post_send(length=64)
+        b.post_recv(length=64, count=n)
+        a.post_send(length=64, count=n)
         # b never polls: its CQ overflows.
         assert d.wait_event(b.cq, "CQ_ERR", timeout_ns=sec(1)), "no CQ_ERR on overflow"
     assert "CQ_ERR" in got.seen
@@ -43,13 +41,11 @@ def test_srq_limit_fires_once_and_disarms(lab):
     pair = RCPair(lab, srq=True, max_recv_wr=16)
     a, b = pair.a, pair.b
     got = Events()
-    for _ in range(8):
-        b.post_recv(length=64)
+    b.post_recv(length=64, count=8)
     b.srq.arm_limit(4)
     with Dispatcher(lab, b.ctx) as d:
         d.watch(b.srq, got)
-        for _ in range(6):                 # 8 -> 2 WQEs: crosses the limit of 4 once
-            a.post_send(length=64)
+        a.post_send(length=64, count=6)  # 8 -> 2 WQEs: crosses the limit of 4 once
         assert a.wait_completions(6, timeout_ns=sec(1))
         assert d.wait_event(b.srq, "SRQ_LIMIT_REACHED", timeout_ns=ms(100))
         lab.run_for(ms(10))
@@ -81,12 +77,10 @@ def test_sqd_with_notify_raises_sq_drained(lab):
     pair = RCPair(lab, max_send_wr=32, max_recv_wr=32)
     a, b = pair.a, pair.b
     got = Events()
-    for _ in range(n + 1):
-        b.post_recv(length=64)
+    b.post_recv(length=64, count=n + 1)
     with Dispatcher(lab, a.ctx) as d:
         d.watch(a.qp, got)
-        for _ in range(n):
-            a.post_send(length=64)
+        a.post_send(length=64, count=n)
         assert a.wait_completions(n // 4, timeout_ns=sec(1))
         a.qp.modify(qp_state="SQD", en_sqd_async_notify=1)
         assert d.wait_event(a.qp, "SQ_DRAINED", timeout_ns=sec(1))

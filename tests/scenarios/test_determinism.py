@@ -18,10 +18,8 @@ def workload(lab):
     pair = RCPair(lab, max_send_wr=64, max_recv_wr=64, cqe=256, params={"timeout": 8})
     with Dispatcher(lab, pair.a.ctx) as d:
         d.watch(pair.a.qp, lambda ev: lab.sleep(ms(1)))
-        for _ in range(32):
-            pair.b.post_recv(length=64)
-        for _ in range(32):
-            pair.a.post_send(length=64)
+        pair.b.post_recv(length=64, count=32)
+        pair.a.post_send(length=64, count=32)
         pair.a.wait_completions(16, timeout_ns=sec(1))
         if "QP_FATAL" in pair.a.ctx.caps.raises:
             lab.faults.inject_async_event("a", "QP_FATAL", pair.a.qp.qp_num)

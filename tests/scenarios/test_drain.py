@@ -60,10 +60,8 @@ def warm_up(pair, n=N // 4):
     """b gets 2n receives; a sends n of them and waits: the connection works, and b keeps n
     receives for the burst that follows."""
     a, b = pair.a, pair.b
-    for _ in range(2 * n):
-        b.post_recv(length=64)
-    for _ in range(n):
-        a.post_send(length=64)
+    b.post_recv(length=64, count=2 * n)
+    a.post_send(length=64, count=n)
     assert a.wait_completions(n, timeout_ns=sec(2)), "warm-up SENDs did not complete"
     assert all(wc.status == "SUCCESS" for wc in a.traffic.completions())
     # Where a SEND completes when handed to TCP (siw) it may not have arrived yet.
@@ -77,10 +75,8 @@ def test_drain_with_many_outstanding_wrs(lab):
     caps = pair.a.ctx.caps
     warm_up(pair)
     a = pair.a
-    for _ in range(N):
-        a.post_recv(length=64)
-    for _ in range(N // 4):
-        a.post_send(length=64)
+    a.post_recv(length=64, count=N)
+    a.post_send(length=64, count=N // 4)
 
     timed = timed_drain(lab, a, timeout_ns=sec(1))
     report = timed[0]
@@ -104,8 +100,7 @@ def test_drain_sends_waiting_on_rnr(lab):
     pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
     warm_up(pair)                      # leaves b with N/4 receives
     a = pair.a
-    for _ in range(N // 2):
-        a.post_send(length=64)
+    a.post_send(length=64, count=N // 2)
     assert a.wait_completions(N // 4, timeout_ns=sec(1))
     timed = timed_drain(lab, a, timeout_ns=sec(1))
     report = timed[0]
@@ -132,8 +127,7 @@ def test_drain_with_the_wire_cut(lab):
         lab.faults.drop(src_host="a")
     except FaultNotSupported as e:
         pytest.skip(f"needs a wire fault: {e}")
-    for _ in range(N // 4):
-        a.post_send(length=64)
+    a.post_send(length=64, count=N // 4)
     lab.run_for(ms(1))                 # retransmissions under way, nothing acknowledged
     report = a.drain(timeout_ns=sec(1))
     assert report.complete, report.detail
@@ -184,15 +178,11 @@ def test_drain_srq_attached_qp(lab):
     pair = RCPair(lab, srq=True, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
     caps = pair.b.ctx.caps
     a, b = pair.a, pair.b
-    for _ in range(N // 2):
-        b.post_recv(length=64)            # to b's SRQ
-    for _ in range(N // 4):
-        a.post_recv(length=64)            # to a's SRQ
-    for _ in range(N // 4):
-        a.post_send(length=64)
+    b.post_recv(length=64, count=N // 2)  # to b's SRQ
+    a.post_recv(length=64, count=N // 4)  # to a's SRQ
+    a.post_send(length=64, count=N // 4)
     assert b.wait_completions(N // 4, timeout_ns=sec(2))
-    for _ in range(N // 4):               # a burst from b, drained at once
-        b.post_send(length=64)
+    b.post_send(length=64, count=N // 4)  # a burst from b, drained at once
 
     with Dispatcher(lab, b.ctx) as dispatcher:
         dispatcher.watch(b.qp, lambda ev: None)
@@ -228,14 +218,12 @@ def test_iwarp_closing_with_outstanding_sends_goes_to_error(lab):
 
     pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
     a, b = pair.a, pair.b
-    for _ in range(8):
-        b.post_recv(length=64)
+    b.post_recv(length=64, count=8)
     try:
         lab.faults.drop(src_host="a")
     except FaultNotSupported as e:
         pytest.skip(f"needs a wire fault: {e}")
-    for _ in range(8):
-        a.post_send(length=64)
+    a.post_send(length=64, count=8)
     lab.run_for(ms(1))                    # on the wire, nothing acknowledged
     handoff = a.ctx.caps.send_completes_on_handoff
     if handoff:
@@ -279,8 +267,7 @@ def test_iwarp_send_without_receive_terminates(lab):
         assert err.value.errno_name == "EINVAL"
         pair.close()
         return
-    for _ in range(4):
-        client.post_send(length=64)
+    client.post_send(length=64, count=4)
     assert client.wait_completions(4), "SENDs posted in ERROR never completed"
     late = client.traffic.completions()[before:]
     assert [wc.status for wc in late] == ["WR_FLUSH_ERR"] * 4

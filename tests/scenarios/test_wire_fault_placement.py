@@ -16,13 +16,11 @@ def cut_and_send(lab, at: str, **pair_kw):
     """a's packets are all dropped (rule at `at`), then N SENDs are posted and a drained;
     returns (drain report, packets the rule dropped)."""
     pair = RCPair(lab, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N, **pair_kw)
-    for _ in range(N):
-        pair.b.post_recv(length=64)
+    pair.b.post_recv(length=64, count=N)
     pair.a.post_send(length=64)
     assert pair.a.wait_completions(1, timeout_ns=sec(2)), "the connection does not carry data"
     rule = lab.faults.drop(src_host="a", at=at)
-    for _ in range(N):
-        pair.a.post_send(length=64)
+    pair.a.post_send(length=64, count=N)
     lab.run_for(ms(50))
     report = pair.a.drain(timeout_ns=sec(2))
     hits = rule.hits

@@ -15,7 +15,7 @@ import pytest
 from rdmalab import Error, ms, sec
 from rdmalab.cm_timing import late_span_bound_ns, stood_still
 from rdmalab.resources import XrcSender
-from rdmalab.stack import Traffic, bring_up, local_endpoint
+from rdmalab.stack import Traffic, bring_up, endpoint_values, local_endpoint
 
 pytestmark = pytest.mark.requires("xrc")
 
@@ -43,21 +43,21 @@ class XrcSetup:
         self.cq = self.wctx.create_cq(256)
         self.mr = self.wctx.reg_mr(pd, 4096)
         self.srq = self.wctx.create_srq_xrc(pd, self.wxrcd, self.cq, max_wr=128)
+        self.srq_num = self.srq.srq_num  # the sender's agent gets a number, not a proxy
         self.handle = self.wctx.open_qp(self.wxrcd, self.tgt_qpn) if worker_opens_qp else None
         self.rx = Traffic(lab, "b")
-        for _ in range(64):
-            self.rx.post_srq_recv(self.srq, sge=self.mr.sge(0, 64))
+        self.rx.post_srq_recv(self.srq, sge=self.mr.sge(0, 64), count=64)
 
         self.sender = XrcSender(lab, "a")
-        ep_s, ep_t = self.sender.endpoint, local_endpoint(self.tgt, 0x300)
+        ep_s = endpoint_values(self.sender.endpoint)  # values: one round trip each
+        ep_t = endpoint_values(local_endpoint(self.tgt, 0x300))
         bring_up(self.sender.qp, ep_s, ep_t, SENDER_PARAMS)
         bring_up(self.tgt, ep_t, ep_s, SENDER_PARAMS)
 
     def send_round(self):
         """Sends ROUND messages to the worker's SRQ; returns the sender's new completions."""
         before = self.sender.traffic.completions()
-        for _ in range(ROUND):
-            self.sender.post_send(self.srq, length=64)
+        self.sender.post_send(self.srq_num, length=64, count=ROUND)
         self.sender.wait_completions(ROUND if self.sender.qp.state == "RTS" else 1,
                                      timeout_ns=RETRY_BOUND_NS * 2)
         return self.sender.traffic.completions()[len(before):]
