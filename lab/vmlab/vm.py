@@ -168,8 +168,12 @@ class Vm:
     def argv(self) -> list[str]:
         s = self.spec
         # loglevel=6: the kernel's boot lines on the serial console (2 kB, no slower), so that
-        # a boot that hangs shows where.
-        append = (f"console=ttyS0 panic=-1 loglevel=6 vmlab.name={s.name} "
+        # a boot that hangs shows where. tsc=reliable: no clocksource watchdog (a TCG vCPU
+        # that stood still 3.6 s made it see "frequency skew"; marking the TSC unstable then
+        # flips sched_clock's static key by int3 text patching, which a second vCPU under
+        # multi-threaded TCG hit as "Oops: int3" in sched_clock_tick and panicked: 7.2.13,
+        # netns guest, fresh clone of fa478a4). The kernel's documented use in VMs.
+        append = (f"console=ttyS0 panic=-1 loglevel=6 tsc=reliable vmlab.name={s.name} "
                   f"vmlab.ip={s.ip}/24 vmlab.dmac={s.data_mac} vmlab.cmac={s.ctl_mac} "
                   f"vmlab.rdma={s.rdma} vmlab.port={GUEST_PORT} vmlab.agent={AGENT} "
                   f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_paths_arg(s.hide)} "

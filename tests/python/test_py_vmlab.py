@@ -197,6 +197,13 @@ def test_qemu_command_has_no_default_devices_and_a_restricted_user_net(tmp_path)
     assert "readonly=on" in argv[argv.index("-virtfs") + 1]
 
 
+def test_the_guest_kernel_runs_no_clocksource_watchdog(tmp_path):
+    """tsc=reliable: a guest that stood still must not mark its TSC unstable, whose static-key
+    flip a second TCG vCPU hit as an int3 Oops (docs/vmlab.md)."""
+    argv = _vm(tmp_path).argv()
+    assert "tsc=reliable" in argv[argv.index("-append") + 1].split()
+
+
 def test_sshd_gets_a_second_forward_on_loopback_only(tmp_path):
     vm = _vm(tmp_path, ssh_keys=tmp_path / "keys")
     argv = vm.argv()
