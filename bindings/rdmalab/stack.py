@@ -130,21 +130,20 @@ class Traffic:
     # unique one). Returns the last WR's wr_id.
     def post_send(self, qp: Qp, wr_id: int = 0, opcode="SEND", sge=None, count: int = 1,
                   **kw) -> int:
-        return self._post("post_send", qp, "qp", make_send_wr(wr_id, opcode, sge, **kw),
-                          count, wr_id)
+        return self._post("post_send", qp, "qp", make_send_wr(wr_id, opcode, sge, **kw), count)
 
     def post_recv(self, qp: Qp, wr_id: int = 0, sge=None, count: int = 1) -> int:
-        return self._post("post_recv", qp, "qp", make_recv_wr(wr_id, sge), count, wr_id)
+        return self._post("post_recv", qp, "qp", make_recv_wr(wr_id, sge), count)
 
     def post_srq_recv(self, srq: Srq, wr_id: int = 0, sge=None, count: int = 1) -> int:
-        return self._post("post_srq_recv", srq, "srq", make_recv_wr(wr_id, sge), count, wr_id)
+        return self._post("post_srq_recv", srq, "srq", make_recv_wr(wr_id, sge), count)
 
-    def _post(self, verb: str, obj, kind: str, wr, count, wr_id: int) -> int:
+    def _post(self, verb: str, obj, kind: str, wr, count) -> int:
         if type(count) is not int:
             raise TypeError(f"Traffic::{verb}: count must be an int, not {type(count).__name__}")
-        if count < 1 or (count > 1 and wr_id):
+        if count < 1 or (count > 1 and wr.wr_id):
             why = (f"count = {count}: at least one WR" if count < 1 else
-                   f"count = {count} with wr_id = {wr_id}: each WR needs its own wr_id")
+                   f"count = {count} with wr_id = {wr.wr_id}: each WR needs its own wr_id")
             raise make_error(f"Traffic::{verb}", errno.EINVAL, why)
         post, target = getattr(self._o, verb), self._obj(obj, verb, kind)
         for _ in range(count):
