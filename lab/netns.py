@@ -529,15 +529,25 @@ class BridgeCapture:
 
     def take(self, offset: int, local: str, read=None) -> dict:
         """What the capture holds past offset, as a pcap file at `local` (the file's own header
-        first; at most max_bytes of records, the last possibly cut). {"bytes": n, "capped":
-        why} when the part was larger. read(path, offset, max_bytes) -> (header, part, size):
-        a cheaper read than a command where the caller has one."""
+        first; at most max_bytes of records, the last possibly cut), read once tcpdump has
+        written every frame the kernel handed it (asleep in poll, its file's size unchanged:
+        at most 2 s). {"bytes": n, "capped": why} when the part was larger. read(path, offset,
+        max_bytes, pid) -> (header, part, size): a cheaper read than a command where the caller
+        has one (rdmalab.evidence.file_part, which waits the same way)."""
         if read is not None:
-            header, data, size = read(self.path, offset, self.max_bytes)
+            header, data, size = read(self.path, offset, self.max_bytes, self.pid or 0)
             return self._write(local, header, data, size - int(offset))
         import base64
         q = shlex.quote
-        script = (f"size=$(stat -c %s {q(self.path)}) || exit 1; echo \"size $size\" >&2; "
+        # The drain wait of rdmalab.evidence.capture_drained, in sh: State S (field 3 of stat)
+        # with the size unchanged around it; 400 looks 5 ms apart.
+        drain = ("" if not self.pid else
+                 f"pid={int(self.pid)}; i=0; last=$(stat -c %s {q(self.path)}); "
+                 f"while [ $i -lt 400 ]; do st=$(cut -d')' -f2 /proc/$pid/stat 2>/dev/null "
+                 f"| cut -d' ' -f2) || break; [ -n \"$st\" ] || break; "
+                 f"now=$(stat -c %s {q(self.path)}); [ \"$st\" = S ] && [ $now = $last ] "
+                 f"&& break; last=$now; i=$((i+1)); sleep 0.005; done; ")
+        script = (f"{drain}size=$(stat -c %s {q(self.path)}) || exit 1; echo \"size $size\" >&2; "
                   f"head -c 24 {q(self.path)} | base64 -w0; echo; "
                   f"tail -c +{int(offset) + 1} {q(self.path)} | head -c {int(self.max_bytes)} "
                   f"| base64 -w0; echo")

@@ -154,9 +154,41 @@ def capture_state(path: str, pid: int) -> tuple[bool, int]:
     return alive, size
 
 
-def file_part(path: str, offset: int, max_bytes: int) -> tuple[bytes, bytes, int]:
+def capture_drained(path: str, pid: int, deadline_s: float = 2.0) -> int:
+    """Waits until tcpdump (pid) has written every frame the kernel handed it; the file's size
+    then. The kernel wakes tcpdump as it queues a frame (immediate mode), so tcpdump asleep
+    (State S: in poll) with the size unchanged around that look means its queue is empty and
+    its writes done (-U). A tcpdump gone, or still busy at the deadline, leaves the size as it
+    is (the part may miss its last frames)."""
+    end = time.monotonic() + deadline_s
+    size = _size(path)
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return _size(path)
+        now = _size(path)
+        if state == "S" and now == size:
+            return now
+        size = now
+        time.sleep(0.005)
+    return size
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def file_part(path: str, offset: int, max_bytes: int,
+              pid: int = 0) -> tuple[bytes, bytes, int]:
     """(the first 24 bytes, at most max_bytes from offset, the size) of a file: a scenario's
-    part of the bridge capture."""
+    part of the bridge capture, read once its tcpdump (pid) has written what it was given."""
+    if pid:
+        capture_drained(path, pid)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         header = f.read(24)
@@ -435,8 +467,8 @@ class Collector:
             what = "the fault switch's capture (every frame it received) for the scenario"
         else:
             reader = next((h for h in self.hosts if h not in self.lab.lost_hosts()), None)
-            read = None if reader is None else (lambda path, off, n: self._agent_call(
-                reader, "file_part", path, off, n)())
+            read = None if reader is None else (lambda path, off, n, pid: self._agent_call(
+                reader, "file_part", path, off, n, pid)())
             stats = cap.take(self._bridge_offset, str(pcap), read=read)
             if stats.get("capped"):
                 self.caps["pcap"] = f"capped at {stats['capped']}"

@@ -343,9 +343,12 @@ def test_a_second_lab_on_the_same_switch_leaves_the_capture_to_the_first(tmp_pat
 def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path):
     """lab.netns.BridgeCapture on a bridge made here (root and tcpdump needed): one tcpdump
     serves successive scenarios, each taking the frames sent out of the bridge since its
-    mark, decoded; the byte cap cuts a part; close() stops it and removes its files; a missing
-    bridge is an error naming it."""
+    mark, decoded, including those tcpdump had not yet written when take() began (it is
+    stopped then, and continued 0.3 s later); the byte cap cuts a part; close() stops it and
+    removes its files; a missing bridge is an error naming it."""
     import os
+    import signal
+    import threading
     import shutil as sh
     from lab import netns
     from lab.localmachine import LocalMachine
@@ -353,10 +356,13 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
         pytest.skip("needs root, ip and tcpdump (Debian's tcpdump) to capture on a bridge")
     br = f"rlev{os.getpid() % 10000}"
     local = LocalMachine("local")
-    # A bridge with a port (a veth pair) is up with carrier.
+    # A bridge with a port (a veth pair) is up with carrier, without IPv6: its own neighbour
+    # and router solicitations would land in the parts the test counts.
+    no6 = "; ".join(f"echo 1 >/proc/sys/net/ipv6/conf/{d}/disable_ipv6"
+                    for d in (br, f"{br}p", f"{br}q"))
     assert local.run(f"ip link add {br} type bridge && ip link add {br}p type veth peer name "
-                     f"{br}q && ip link set {br}p master {br} up && ip link set {br}q up && "
-                     f"ip link set {br} up", 30, root=True).rc == 0
+                     f"{br}q && {{ {no6}; }} 2>/dev/null; ip link set {br}p master {br} up && "
+                     f"ip link set {br}q up && ip link set {br} up", 30, root=True).rc == 0
 
     def send(n):
         with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
@@ -367,17 +373,22 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
     def reqs(path):
         frames, _ = evidence.decode_pcap(path)
         return [f["frame"]["cm"] for f in frames if "cm" in f["frame"]]
+
+    def send_behind(pid, n):  # frames queued to a stopped tcpdump, which goes on 0.3 s later
+        os.kill(pid, signal.SIGSTOP)
+        send(n)
+        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()
     try:
         cap = netns.BridgeCapture.shared(local, br, max_bytes=1000)
         assert netns.BridgeCapture.shared(local, br) is cap
         first = cap.mark()
         pid = cap.pid
-        send(2)
+        send_behind(pid, 2)
         s1 = cap.take(first, str(tmp_path / "1.pcap"))
         # The second scenario looks through a host agent's file functions (no command).
         second = cap.mark(probe=evidence.capture_state)
         assert cap.pid == pid and second > first  # the same tcpdump
-        send(5)  # 5 x 338 bytes: past max_bytes
+        send_behind(pid, 5)  # 5 x 338 bytes: past max_bytes
         s2 = cap.take(second, str(tmp_path / "2.pcap"), read=evidence.file_part)
         files = list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))
         netns.BridgeCapture.close_all(local, br)
