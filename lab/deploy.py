@@ -135,8 +135,15 @@ _SKIP_DIRS = {"__pycache__", ".git", "build"}
 _SKIP_SUFFIXES = (".so", ".o", ".a", ".pyc")
 
 
+def _engine_includes(repo: Path) -> list[str]:
+    """The project's own CMake files the top-level CMakeLists.txt includes (cmake/unity.cmake)."""
+    text = (repo / "CMakeLists.txt").read_text()
+    return [f for f in re.findall(r"^\s*include\(\s*([\w./-]+\.cmake)\s*\)", text, re.M)
+            if (repo / f).is_file()]
+
+
 def _engine_sources(repo: Path) -> list[str]:
-    files = ["CMakeLists.txt"]
+    files = ["CMakeLists.txt"] + _engine_includes(repo)
     package = (repo / PACKAGE).resolve()
     for d in _engine_dirs(repo):
         for root, dirs, names in os.walk(repo / d):

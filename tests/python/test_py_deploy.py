@@ -47,6 +47,9 @@ def make_repo(dest: Path, engine: bytes | None) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "CMakeLists.txt", dest / "CMakeLists.txt")
+    for f in deploy._engine_includes(REPO):  # cmake/unity.cmake
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
     for d in deploy._engine_dirs(REPO):  # core, faults, bench, bindings: what CMake adds
         shutil.copytree(REPO / d, dest / d, ignore=ignore)
     if engine is not None:
@@ -74,6 +77,7 @@ def test_bundle_version_is_over_sources_not_the_built_engine(unfit_repo, tmp_pat
     assert len(b.version) == 16 and int(b.version, 16) >= 0
     assert "CMakeLists.txt" in b.sources and "core/CMakeLists.txt" in b.sources
     assert "bindings/src/module.cc" in b.sources and "bindings/CMakeLists.txt" in b.sources
+    assert "cmake/unity.cmake" in b.sources  # what CMakeLists.txt includes
     assert not any(s.startswith("bindings/rdmalab") for s in b.sources)
     assert "bindings/rdmalab/agent.py" in b.package
     assert "bindings/rdmalab/findings.toml" in b.package  # the package's data ships with it
