@@ -169,10 +169,10 @@ test-fuzz: $(call needs,build-asan)
 # of a device scenario is kernel timers and round trips, and with the idle agents asleep
 # (docs/DESIGN.md) two labs keep the 2 cores busy where one left about a quarter of them idle; every
 # wait and timing bound counts the stalls this costs (lab.stalled_ns). Not three: at two the
-# cores are already 94% busy. The sanitizer builds have a lane each, from the end of `build`
-# (done=: whatever its result): on a cold compiler cache they are the last work, and one after
-# the other they left a core idle at the end of the run. test-browser waits for test-vm-siw's report (done=: also after
-# a failed run, whose report matters most).
+# cores are already 94% busy. Not a lane per sanitizer build either: on a warm cache their tests
+# then ran beside the guests' first minutes, and a second run took 874 s instead of 651-705 s;
+# on a cold one the extra lanes only moved the same CPU time around (1328 s). test-browser
+# waits for test-vm-siw's report (done=: also after a failed run, whose report matters most).
 TEST_PHASES := \
   vm:build-module:ninja=$(BUILD) \
   side:vmlab-prepare \
@@ -184,11 +184,11 @@ TEST_PHASES := \
   side:test-cpp:after=build \
   side:test-python:after=build \
   side:test-swarm:nice:after=build \
-  asan:build-asan:nice:done=build:ninja=$(ASAN_BUILD) \
-  asan:test-asan:after=build-asan \
-  asan:test-fuzz:nice:after=build-asan \
-  tsan:build-tsan:nice:done=build:ninja=$(TSAN_BUILD) \
-  tsan:test-tsan:after=build-tsan \
+  side:build-asan:nice:ninja=$(ASAN_BUILD) \
+  side:test-asan:after=build-asan \
+  side:test-fuzz:nice:after=build-asan \
+  side:build-tsan:nice:ninja=$(TSAN_BUILD) \
+  side:test-tsan:after=build-tsan \
   side:test-browser:nice:done=test-vm-siw
 
 test: deps vmlab-deps

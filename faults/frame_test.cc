@@ -9,6 +9,7 @@
 #include "faults/test_paths.h"
 
 namespace rdmalab::faults {
+namespace frame_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;  // the frame builders
@@ -471,4 +472,5 @@ TEST(FrameParse, SummaryNamesTheProtocolFields) {
 }
 
 }  // namespace
+}  // namespace frame_test
 }  // namespace rdmalab::faults

@@ -8,6 +8,7 @@
 #include "model/personality.h"
 
 namespace rdmalab::model {
+namespace cm_iw_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -532,4 +533,5 @@ TEST(IwCm, DumpShowsIwState) {
 }
 
 }  // namespace
+}  // namespace cm_iw_test
 }  // namespace rdmalab::model

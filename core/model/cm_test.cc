@@ -16,6 +16,7 @@
 #include "model/model_lab.h"
 
 namespace rdmalab::model {
+namespace cm_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -374,4 +375,5 @@ TEST(Cm, SameSeedSameHistory) {
 }
 
 }  // namespace
+}  // namespace cm_test
 }  // namespace rdmalab::model

@@ -5,6 +5,7 @@
 #include "model/test_util.h"
 
 namespace rdmalab::model {
+namespace events_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -365,9 +366,11 @@ TEST(Events, EventReadAndAckAreRecorded) {
 }
 
 }  // namespace
+}  // namespace events_test
 }  // namespace rdmalab::model
 
 namespace rdmalab::model {
+namespace events_test {  // its own: the tests compile in batches
 namespace {
 
 // rdma link delete on mlx5 (disassociate_ucontext, Q3): DEVICE_FATAL to the user context, its
@@ -416,4 +419,5 @@ TEST(Removal, SiwAndCxgb4CannotRaiseDeviceFatal) {
 }
 
 }  // namespace
+}  // namespace events_test
 }  // namespace rdmalab::model

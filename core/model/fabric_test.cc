@@ -8,6 +8,7 @@
 #include <vector>
 
 namespace rdmalab::model {
+namespace fabric_test {  // its own: the tests compile in batches
 namespace {
 
 struct Wire {
@@ -100,4 +101,5 @@ TEST(Fabric, PacketsHeldTogetherFollowTheNextInTheirOrder) {
 }
 
 }  // namespace
+}  // namespace fabric_test
 }  // namespace rdmalab::model

@@ -6,6 +6,7 @@
 #include "model/test_util.h"
 
 namespace rdmalab::model {
+namespace model_lab_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -269,4 +270,5 @@ TEST(ModelLab, VerbsRefuseObjectsOfAnotherContextByName) {
 }
 
 }  // namespace
+}  // namespace model_lab_test
 }  // namespace rdmalab::model

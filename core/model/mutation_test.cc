@@ -11,6 +11,7 @@
 #include "stack/dispatcher.h"
 
 namespace rdmalab::model {
+namespace mutation_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -211,4 +212,5 @@ INSTANTIATE_TEST_SUITE_P(Mutation, OnOffIb,
                          on_off_name);
 
 }  // namespace
+}  // namespace mutation_test
 }  // namespace rdmalab::model

@@ -5,6 +5,7 @@
 #include "model/test_util.h"
 
 namespace rdmalab::model {
+namespace posting_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -298,4 +299,5 @@ TEST(Posting, PostsAreRecordedWithTheirSignaledFlag) {
 }
 
 }  // namespace
+}  // namespace posting_test
 }  // namespace rdmalab::model

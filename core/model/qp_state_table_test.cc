@@ -8,6 +8,7 @@
 #include "model/test_util.h"
 
 namespace rdmalab::model {
+namespace qp_state_table_test {  // its own: the tests compile in batches
 namespace {
 
 using namespace testing;
@@ -206,4 +207,5 @@ TEST_F(QpModify, StateChangesAreRecorded) {
 }
 
 }  // namespace
+}  // namespace qp_state_table_test
 }  // namespace rdmalab::model

@@ -12,6 +12,7 @@
 #include "stack/test_lab.h"
 
 namespace rdmalab::stack {
+namespace dispatcher_test {  // its own: the tests compile in batches
 namespace {
 
 using fixture::TwoHosts;
@@ -353,4 +354,5 @@ TEST(DispatcherTest, RaisingHandlerIsRecordedWithItsHandlerAndError) {
 }
 
 }  // namespace
+}  // namespace dispatcher_test
 }  // namespace rdmalab::stack
