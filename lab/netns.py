@@ -540,13 +540,15 @@ class BridgeCapture:
         import base64
         q = shlex.quote
         # The drain wait of rdmalab.evidence.capture_drained, in sh: State S (field 3 of stat)
-        # with the size unchanged around it; 400 looks 5 ms apart.
+        # with the size unchanged around it, looked at until 2 s have passed (a deadline, not
+        # a count: each look forks, which costs a TCG guest far more than its 5 ms sleep).
         drain = ("" if not self.pid else
-                 f"pid={int(self.pid)}; i=0; last=$(stat -c %s {q(self.path)}); "
-                 f"while [ $i -lt 400 ]; do st=$(cut -d')' -f2 /proc/$pid/stat 2>/dev/null "
-                 f"| cut -d' ' -f2) || break; [ -n \"$st\" ] || break; "
+                 f"pid={int(self.pid)}; end=$(( $(date +%s%N) + 2000000000 )); "
+                 f"last=$(stat -c %s {q(self.path)}); "
+                 f"while [ $(date +%s%N) -lt $end ]; do st=$(cut -d')' -f2 /proc/$pid/stat "
+                 f"2>/dev/null | cut -d' ' -f2) || break; [ -n \"$st\" ] || break; "
                  f"now=$(stat -c %s {q(self.path)}); [ \"$st\" = S ] && [ $now = $last ] "
-                 f"&& break; last=$now; i=$((i+1)); sleep 0.005; done; ")
+                 f"&& break; last=$now; sleep 0.005; done; ")
         script = (f"{drain}size=$(stat -c %s {q(self.path)}) || exit 1; echo \"size $size\" >&2; "
                   f"head -c 24 {q(self.path)} | base64 -w0; echo; "
                   f"tail -c +{int(offset) + 1} {q(self.path)} | head -c {int(self.max_bytes)} "

@@ -147,11 +147,7 @@ def capture_state(path: str, pid: int) -> tuple[bool, int]:
             alive = not any(l.startswith("State:") and "Z" in l.split()[1:2] for l in f)
     except OSError:
         pass
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0
-    return alive, size
+    return alive, _size(path)
 
 
 def capture_drained(path: str, pid: int, deadline_s: float = 2.0) -> int:
