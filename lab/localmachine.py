@@ -45,9 +45,10 @@ class LocalMachine:
             timed_out = True
         return Result(p.returncode, out, err, timed_out, time.monotonic() - start)
 
-    def popen(self, cmd: str, *, root: bool = False) -> subprocess.Popen:
+    def popen(self, cmd: str, *, root: bool = False, stdin: bool = False) -> subprocess.Popen:
         return subprocess.Popen(self._argv(cmd, root), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT,
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 text=True, env=self.env, start_new_session=True)
 
     def copy_to(self, local: str, remote: str, timeout: float = 300.0) -> None:

@@ -133,10 +133,7 @@ class NetnsMachine:
         return r
 
     def popen(self, cmd: str, *, root: bool = False, stdin: bool = False) -> subprocess.Popen:
-        # Only pass stdin= when asked: LocalMachine.popen predates it.
-        if stdin:
-            return self.outer.popen(self._enter(cmd), root=True, stdin=True)
-        return self.outer.popen(self._enter(cmd), root=True)
+        return self.outer.popen(self._enter(cmd), root=True, stdin=stdin)
 
     # One file system with the outer machine.
     def copy_to(self, local: str, remote: str, timeout: float = 300.0) -> None:

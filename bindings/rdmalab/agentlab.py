@@ -561,8 +561,7 @@ class NftRule:
         from . import nft
         total = 0
         for key, (machine, place, handle) in self._installed.items():
-            out = self._faults._nft_on(machine, key, nft.list_command(place))
-            total += nft.rule_packets(out, handle)
+            total += nft.rule_packets(self._faults._nft_list(machine, key, place), handle)
         return total
 
     def remove(self) -> None:
@@ -613,6 +612,7 @@ class AgentFaults(NoFaults):
         self._down: set[str] = set()
         self._rules: list[NftRule] = []
         self._nft_ready: dict = {}  # place key -> (machine, nft place) with the table made
+        self._listers: dict = {}  # place key -> nft.Lister (counters read without a process)
         self._removed: dict = {}  # host -> (device, the background `rdma link delete`)
         self._control = None  # SwitchControl, connected at the first switch rule
         self._switch_rules: list[SwitchRule] = []
@@ -623,6 +623,22 @@ class AgentFaults(NoFaults):
     @staticmethod
     def _nft_on(machine, key: str, cmd: str) -> str:
         return machine.run(cmd, 30, root=True).check(f"{key}: {cmd}").out
+
+    def _nft_list(self, machine, key: str, place) -> str:
+        """`nft -j list chain` of place on machine: from the place's Lister, or (its first
+        read, or the lister gone) the one-shot command, which names any error."""
+        from . import nft
+        lister = self._listers.get(key)
+        if lister is None:
+            lister = self._listers[key] = nft.Lister(machine)
+            return self._nft_on(machine, key, nft.list_command(place))
+        return lister.read(place) or self._nft_on(machine, key, nft.list_command(place))
+
+    def _close_listers(self, keys=None) -> None:
+        for key in list(self._listers if keys is None else keys):
+            lister = self._listers.pop(key, None)
+            if lister is not None:
+                lister.close()
 
     def _nft_place(self, host: str, where: str):
         """(key, machine, nft place) where host's packets meet a rule: its own output hook
@@ -768,6 +784,7 @@ class AgentFaults(NoFaults):
         name = _host_name(host)
         self._lab.reboot_host(name, down_ns)
         self._nft_ready.pop(name, None)  # the rebooted guest has no rules
+        self._close_listers([name])
         self._rules = [r for r in self._rules if name not in r._installed]
         self._counts["reboot"] = self._counts.get("reboot", 0) + 1
 
@@ -970,6 +987,7 @@ class AgentFaults(NoFaults):
         for name in list(self._down):  # the next lab on these hosts starts with links up
             if name not in lost:
                 self.port_up(name)
+        self._close_listers()
         for key, (machine, place) in list(self._nft_ready.items()):  # and with no rules
             if key not in lost:
                 self._nft_on(machine, key, nft.delete_table_command(place))

@@ -1,6 +1,7 @@
 """Wire rules as nftables rules in the guests (rdmalab.nft): the match expressions for the
 rule language's fields, checked by nft itself (`nft -c`, no kernel table touched)."""
 
+import os
 import shutil
 import subprocess
 
@@ -96,3 +97,70 @@ def test_bridge_place_matches_the_sender_by_address():
     assert expr == ("ether saddr 52:54:00:77:00:01 ether daddr 52:54:00:77:00:02 "
                     "udp dport 4791")
     assert "ip daddr" in nft.match_expr({"dst_host": "b"}, HOSTS, "roce", "eth0", nft.HOST, macs)
+
+
+class NsMachine:
+    """A machine that is a network namespace of this one: bytes pipes, as the SSH machines."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+
+    def popen(self, cmd: str, *, root: bool = False, stdin: bool = False):
+        return subprocess.Popen(["ip", "netns", "exec", self.ns, "sh", "-c", cmd],
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def sh(self, cmd: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.ns, "sh", "-c", cmd], check=True, timeout=30)
+
+
+@pytest.fixture
+def ns_machine():
+    if shutil.which("nft") is None or shutil.which("ip") is None:
+        pytest.skip("needs nft and ip (Debian packages nftables, iproute2)")
+    ns = f"rl-nft-{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here (needs root)")
+    m = NsMachine(ns)
+    try:
+        m.sh("ip link set lo up && " + nft.setup_commands(nft.HOST) + " && "
+             f"nft add rule inet {nft.TABLE} {nft.CHAIN} udp dport 4791 counter")
+        yield m
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], timeout=30)
+
+
+def send_udp(m: NsMachine, n: int) -> None:
+    m.sh(f"/usr/bin/python3 -c \"import socket; s = socket.socket(socket.AF_INET, "
+         f"socket.SOCK_DGRAM); [s.sendto(b'x', ('127.0.0.1', 4791)) for _ in range({n})]\"")
+
+
+def rule_handle(listing: str) -> int:
+    import json
+    return next(i["rule"]["handle"] for i in json.loads(listing)["nftables"] if "rule" in i)
+
+
+def test_lister_reads_counters_from_one_nft_process(ns_machine):
+    """nft.Lister: each read is one line to the same `nft -j -i`, and sees the counter move."""
+    lister = nft.Lister(ns_machine)
+    try:
+        send_udp(ns_machine, 3)
+        first = lister.read(nft.HOST)
+        assert first is not None
+        handle = rule_handle(first)
+        assert nft.rule_packets(first, handle) == 3
+        pid = lister._proc.pid
+        send_udp(ns_machine, 2)
+        assert nft.rule_packets(lister.read(nft.HOST), handle) == 5
+        assert lister._proc.pid == pid and lister._proc.poll() is None
+    finally:
+        lister.close()
+
+
+def test_lister_gives_up_on_an_error_and_the_caller_falls_back(ns_machine):
+    """A listing nft cannot answer (the table is gone) ends the lister: None, process gone."""
+    lister = nft.Lister(ns_machine)
+    ns_machine.sh(nft.delete_table_command(nft.HOST))
+    assert lister.read(nft.HOST) is None
+    assert lister._proc is None
+    assert lister.read(nft.HOST) is None
