@@ -143,8 +143,11 @@ test-tsan-vm: $(call needs,build-tsan vmlab-prepare)
 	  $(VMLAB) boot -n 1 --rdma $$dev --timeout 300 "$(TSAN_VM_CMD)" || rc=1; \
 	done; exit $$rc
 
+# tests/python on two pytest-xdist workers: much of it waits (ssh, subprocesses, deadlines), so
+# two take about 60 of its 90 s alone and catch up faster beside the guests.
 test-python: $(call needs,build)
-	$(PYTEST) tests/python tests/scenarios tests/metrics --lab $(LAB)
+	$(PYTEST) -n 2 tests/python --lab $(LAB)
+	$(PYTEST) tests/scenarios tests/metrics --lab $(LAB)
 
 # The swarm (issue 17): a bounded run on the model (SWARM_MINUTES, every personality in turn,
 # every checker on every seed; a failing seed's schedule, shrunk form and replay command land in
@@ -169,10 +172,13 @@ test-fuzz: $(call needs,build-asan)
 # of a device scenario is kernel timers and round trips, and with the idle agents asleep
 # (docs/DESIGN.md) two labs keep the 2 cores busy where one left about a quarter of them idle; every
 # wait and timing bound counts the stalls this costs (lab.stalled_ns). Not three: at two the
-# cores are already 94% busy. Not a lane per sanitizer build either: on a warm cache their tests
-# then ran beside the guests' first minutes, and a second run took 874 s instead of 651-705 s;
-# on a cold one the extra lanes only moved the same CPU time around (1328 s). test-browser
-# waits for test-vm-siw's report (done=: also after a failed run, whose report matters most).
+# cores are already 94% busy. The sanitizer builds have a lane of their own (san), niced, so
+# on a cold cache they compile in what the guests leave instead of one after the other at the
+# end of the side lane (its last 300 s had the cores half idle); their tests wait for
+# test-python, as they did in the side lane: run beside the guests' first minutes, a second
+# run took 874 s instead of 651-705 s. TSan is built first: test-tsan-vm waits for it.
+# test-browser waits for test-vm-siw's report (done=: also after a failed run, whose report
+# matters most).
 TEST_PHASES := \
   vm:build-module:ninja=$(BUILD) \
   side:vmlab-prepare \
@@ -184,12 +190,12 @@ TEST_PHASES := \
   side:test-cpp:after=build \
   side:test-python:after=build \
   side:test-swarm:nice:after=build \
-  side:build-asan:nice:ninja=$(ASAN_BUILD) \
-  side:test-asan:after=build-asan \
-  side:test-fuzz:nice:after=build-asan \
-  side:build-tsan:nice:ninja=$(TSAN_BUILD) \
-  side:test-tsan:after=build-tsan \
-  side:test-browser:nice:done=test-vm-siw
+  side:test-browser:nice:done=test-vm-siw \
+  san:build-tsan:nice:after=build-module:ninja=$(TSAN_BUILD) \
+  san:build-asan:nice:ninja=$(ASAN_BUILD) \
+  san:test-tsan:after=build-tsan,test-python \
+  san:test-asan:after=build-asan \
+  san:test-fuzz:nice:after=build-asan
 
 test: deps vmlab-deps
 	$(PYTHON) tests/phases.py --make "$(MAKE)" --out $(OUT)/test-phases $(TEST_PHASES)
