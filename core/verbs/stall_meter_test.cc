@@ -19,8 +19,10 @@ TimeNs steady_ns() {
       .count();
 }
 
-// Returns once the meter's thread has read its clock (counted by `reads`): its first deadline
-// is then set, so a jump after this is lateness. A fixed sleep is not enough on a loaded
+// Returns once the meter's thread has read its clock (counted by `reads`, after each read): its
+// first deadline is then set, so a jump after this is lateness. Counted before the read, the
+// jump could land in that first read and never be seen (1 run in 30 under TSan and load; a
+// fresh clone's test-tsan-vm failed on it). A fixed sleep is not enough on a loaded
 // machine (under ASan beside a make test, the thread once started after a 20 ms sleep).
 bool meter_started(const std::atomic<int>& reads) {
   const TimeNs give_up = steady_ns() + 5 * kNsPerSec;
@@ -48,8 +50,9 @@ TEST(StallMeter, CountsAJumpOnceAndOnlyInsideTheWindow) {
         if (s.late_ns >= kLeast) reported = true;
       },
       [&] {
-        ++reads;
-        return clock();
+        const TimeNs now = clock();
+        ++reads;  // after the read: a jump set once reads > 0 is not in it
+        return now;
       });
   ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -107,8 +110,9 @@ TEST(StallMeter, AWaitsDeadlineDoesNotCountTheTimeTheMachineStoodStill) {
   std::atomic<int> reads{0};
   auto clock = [&] { return steady_ns() + jump.load(); };
   StallMeter meter(clock, nullptr, [&] {
-    ++reads;
-    return clock();
+    const TimeNs now = clock();
+    ++reads;  // after the read: a jump set once reads > 0 is not in it
+    return now;
   });
   ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
   const TimeNs start = clock();
@@ -146,8 +150,9 @@ TEST(StallMeter, ConsecutiveWaitsOnOneDeadlineShareTheStallCredit) {
   // Lateness measured on a clock that jumps, stamped on the real one: to process_wait_slice_ns
   // (CLOCK_MONOTONIC) the machine stood still for the 300 ms before the meter's wake-up.
   StallMeter meter([] { return monotonic_now_ns(); }, nullptr, [&] {
-    ++reads;
-    return monotonic_now_ns() + jump.load();
+    const TimeNs now = monotonic_now_ns() + jump.load();
+    ++reads;  // after the read: a jump set once reads > 0 is not in it
+    return now;
   });
   ASSERT_TRUE(meter_started(reads)) << "the meter's thread did not run within 5 s";
   attach_process_meter(&meter);
