@@ -47,7 +47,7 @@ bool RealRuntime::wait_until(const std::function<bool()>& pred, TimeNs deadline_
 }
 
 bool RealRuntime::wait_notified(const std::function<bool()>& pred, TimeNs deadline_ns) {
-  return wait(pred, deadline_ns, kNotifiedBackstopNs);
+  return wait(pred, deadline_ns, notified_backstop_ns_);
 }
 
 bool RealRuntime::wait(const std::function<bool()>& pred, TimeNs deadline_ns, TimeNs recheck_ns) {

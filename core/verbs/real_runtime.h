@@ -22,7 +22,10 @@ class RealRuntime final : public Runtime {
   static constexpr TimeNs kPollNs = kNsPerMs;
   static constexpr TimeNs kNotifiedBackstopNs = 50 * kNsPerMs;
 
-  RealRuntime() = default;
+  // notified_backstop_ns: how often wait_notified re-checks without a notify (a test sets it
+  // past its deadline, so that only a notify can wake the waiter in time).
+  explicit RealRuntime(TimeNs notified_backstop_ns = kNotifiedBackstopNs)
+      : notified_backstop_ns_(notified_backstop_ns) {}
   ~RealRuntime() override;
   RealRuntime(const RealRuntime&) = delete;
   RealRuntime& operator=(const RealRuntime&) = delete;
@@ -51,6 +54,7 @@ class RealRuntime final : public Runtime {
   // wait_until with pred re-checked on every notify_all and at least every recheck_ns.
   bool wait(const std::function<bool()>& pred, TimeNs deadline_ns, TimeNs recheck_ns);
 
+  const TimeNs notified_backstop_ns_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t generation_ = 0;  // bumped by notify_all: a waiter never misses a notify
