@@ -106,11 +106,6 @@ class Inventory:
         raise KeyError(f"{self.path}: no host {name!r} (hosts: "
                        f"{', '.join(h.name for h in self.hosts)})")
 
-    def machines(self) -> list:
-        """One lab.sshmachine.SshMachine per host, in file order."""
-        from .sshmachine import SshMachine
-        return [SshMachine(h, self.known_hosts, self.agent_dir) for h in self.hosts]
-
 
 # ---------------------------------------------------------------------------------------------
 # Finding lines: tomllib keeps no positions.

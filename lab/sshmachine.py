@@ -25,7 +25,7 @@ import time
 import weakref
 from typing import Iterable, Optional
 
-from .inventory import DEFAULT_AGENT_DIR, HostEntry
+from .inventory import DEFAULT_AGENT_DIR, HostEntry, Inventory
 from .machine import (HostFacts, MachineError, MachineUnreachable, PowerNotSupported, Result,
                       wait_for_ssh)
 
@@ -385,6 +385,11 @@ def _stop(master: Optional[subprocess.Popen]) -> None:
 def _cleanup(box: list[Optional[subprocess.Popen]], d: str) -> None:
     _stop(box[0])
     shutil.rmtree(d, True)
+
+
+def inventory_machines(inv: Inventory) -> list[SshMachine]:
+    """One SshMachine per host of the inventory, in file order."""
+    return [SshMachine(h, inv.known_hosts, inv.agent_dir) for h in inv.hosts]
 
 
 def unreachable(machines: Iterable[SshMachine], deadline_s: float = 30.0

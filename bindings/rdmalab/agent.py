@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from .lab import verbs_lab
+
 _LABS: list = []
 _LOCK = threading.Lock()
 
@@ -97,10 +99,10 @@ def serve(channel) -> None:
 def open_lab(seed: int, host: str, addresses: tuple, offset_ns: int):
     """A fresh verbs lab for one scenario, its times put on the controller's clock
     (offset_ns: controller clock - this process's): made in one round trip
-    (rdmalab.remote.Agent.new_lab)."""
-    from .lab import verbs_lab
+    (rdmalab.remote.Agent.new_lab). Tracked: it shuts down when the controller goes."""
     lab = verbs_lab(seed, host, addresses)
     lab._o.set_clock_offset(offset_ns)
+    track(lab)
     return lab
 
 

@@ -372,8 +372,6 @@ def verbs_lab(seed: int = 1, host: str = "local",
     each). addresses: host name -> IP address, for rdma_cm to reach the other hosts."""
     lab = VerbsLab(_core.make_verbs_lab(seed, host), f"verbs:{host}")
     lab.addresses = dict(addresses or {})  # a mapping or (name, address) pairs
-    from . import agent  # labs made in an agent shut down when its controller goes
-    agent.track(lab)
     return lab
 
 

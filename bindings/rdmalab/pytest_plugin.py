@@ -280,8 +280,8 @@ def check_inventories(specs: list[LabSpec], deadline_s: float = PROBE_DEADLINE_S
             raise pytest.UsageError(str(e)) from None
         if os.environ.get("PYTEST_XDIST_WORKER"):
             continue
-        from lab.sshmachine import unreachable
-        problems = unreachable(inv.machines(), deadline_s)
+        from lab.sshmachine import inventory_machines, unreachable
+        problems = unreachable(inventory_machines(inv), deadline_s)
         if problems:
             raise pytest.UsageError(
                 f"--lab {spec.option}: {len(problems)} of the inventory's {len(inv.hosts)} "

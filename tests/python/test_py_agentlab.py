@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rdmalab import agentlab
+from rdmalab.agentlab import pools
 from lab import hostcheck, inventory
 from lab.machine import MachineError
 
@@ -49,7 +50,7 @@ def four(tmp_path, monkeypatch):
             self.machines, self.kw = machines, kw
             made.append(self)
 
-    monkeypatch.setattr(agentlab, "AgentPool", Pool)
+    monkeypatch.setattr(pools, "AgentPool", Pool)  # the one inventory_pool makes
     return path, made
 
 

@@ -23,7 +23,7 @@ from lab import hostcheck  # noqa: E402
 from lab.inventory import InventoryError, dumps, load  # noqa: E402
 from lab.machine import (HostFacts, Machine, MachineError, MachineUnreachable,  # noqa: E402
                          PowerNotSupported, Result)
-from lab.sshmachine import HostKeyError, SshMachine  # noqa: E402
+from lab.sshmachine import HostKeyError, SshMachine, inventory_machines  # noqa: E402
 
 BASE = """\
 [lab]
@@ -86,8 +86,8 @@ def test_load_good(invdir):
     assert inv.switches["vmlab"].control == "/tmp/sw.ctl"
     assert inv.known_hosts == invdir / "known_hosts"
     assert inv.agent_dir == "/var/tmp/rdmalab-agent"
-    assert [m.name for m in inv.machines()] == ["vm1", "vm2"]
-    assert isinstance(inv.machines()[0], Machine)
+    assert [m.name for m in inventory_machines(inv)] == ["vm1", "vm2"]
+    assert isinstance(inventory_machines(inv)[0], Machine)
 
 
 def test_defaults(invdir):
@@ -353,7 +353,7 @@ def machine(d: pathlib.Path, sshd: Sshd, *, known_hosts=None, port=None, power=N
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"{name}.toml"
     p.write_text(dumps([host], [], {"known_hosts": kh}))
-    return load(p).machines()[0]
+    return inventory_machines(load(p))[0]
 
 
 def test_run(tmp_path, sshd):
