@@ -175,8 +175,8 @@ test-fuzz: $(call needs,build-asan)
 # cores are already 94% busy. The sanitizer builds have a lane of their own (san), niced, so
 # on a cold cache they compile in what the guests leave instead of one after the other at the
 # end of the side lane (its last 300 s had the cores half idle); their tests wait for
-# test-python, as they did in the side lane: run beside the guests' first minutes, a second
-# run took 874 s instead of 651-705 s. TSan is built first: test-tsan-vm waits for it.
+# test-python to end (done=: whatever its result), as they did in the side lane: run beside
+# the guests' first minutes, a second run took 874 s instead of 651-705 s. TSan is built first: test-tsan-vm waits for it.
 # test-browser waits for test-vm-siw's report (done=: also after a failed run, whose report
 # matters most).
 TEST_PHASES := \
@@ -193,7 +193,7 @@ TEST_PHASES := \
   side:test-browser:nice:done=test-vm-siw \
   san:build-tsan:nice:after=build-module:ninja=$(TSAN_BUILD) \
   san:build-asan:nice:ninja=$(ASAN_BUILD) \
-  san:test-tsan:after=build-tsan,test-python \
+  san:test-tsan:after=build-tsan:done=test-python \
   san:test-asan:after=build-asan \
   san:test-fuzz:nice:after=build-asan
 
