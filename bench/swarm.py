@@ -14,7 +14,8 @@ GOAL_SEEDS_PER_MIN = 10_000
 
 
 def _rate(workers: int, seconds: float, first: int) -> float:
-    from rdmalab import lab, swarm
+    from rdmalab import lab
+    from rdmalab.schedules import swarm
     t0 = time.monotonic()
     done, failures = swarm.run_seeds(lab.personalities(), first=first,
                                      deadline=t0 + seconds, workers=workers)
@@ -28,8 +29,8 @@ def _rate(workers: int, seconds: float, first: int) -> float:
 def _split(n: int = 60) -> dict:
     """Per seed: lab set-up and teardown, the runner, the checkers (ms)."""
     import rdmalab
-    from rdmalab import checkers, swarm
-    from rdmalab.schedule_run import Runner
+    from rdmalab import checkers
+    from rdmalab.schedules import Runner, swarm
     t = {"lab": 0.0, "runner": 0.0, "history": 0.0, "checkers": 0.0}
     pers = rdmalab.personalities()
     for seed in range(1, n + 1):

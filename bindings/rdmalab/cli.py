@@ -2,7 +2,7 @@
 python3 -m rdmalab report DIR   (or DIR/junit.xml)
 python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
-python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.swarm_cli)
+python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.schedules.swarm_cli)
 python3 -m rdmalab replay FILE --lab model:roce [--lab vm:rxe]
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
@@ -235,8 +235,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["matrix"]:  # its own parser (rdmalab.matrix)
         from . import matrix
         return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
-    if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.swarm_cli
-        from . import swarm_cli
+    if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.schedules.swarm_cli
+        from .schedules import swarm_cli
         return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
     extra: list[str] = []
     if "--" in argv:

@@ -172,9 +172,9 @@ def kernel(spec: Optional[str], option: str = "--kernel") -> Optional[str]:
 
 
 def schedule(path: str):
-    """A schedule file read and checked (rdmalab.schedule); ScheduleError names the step and
+    """A schedule file read and checked (rdmalab.schedules); ScheduleError names the step and
     field."""
-    from .schedule import Schedule
+    from .schedules import Schedule
     return Schedule.load(path)
 
 
@@ -211,7 +211,7 @@ def is_secret_name(name: str) -> bool:
 
 def refusals() -> tuple[type, ...]:
     """Every error type that means bad input: BadInput and the file parsers' own errors."""
-    from .schedule import ScheduleError
+    from .schedules import ScheduleError
     from .findings import FindingsError
     kinds: list[type] = [BadInput, ScheduleError, FindingsError]
     try:

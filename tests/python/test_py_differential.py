@@ -1,6 +1,6 @@
-"""Model against device for one schedule (rdmalab.differential): outcomes keyed by the
-schedule's names, what is compared and what is not."""
-from rdmalab import differential as df
+"""Model against device for one schedule (rdmalab.schedules.differential): outcomes keyed by
+the schedule's names, what is compared and what is not."""
+from rdmalab.schedules import differential as df
 
 
 def rec(seq, host, obj, kind, **data):
@@ -102,7 +102,7 @@ def test_a_reused_qp_number_is_told_apart_by_the_qp_label():
 def test_a_step_the_device_cannot_do_is_left_out_on_both_sides():
     """vm:siw seed 4: injecting QP_REQ_ERR is unsupported on siw; the model runs the schedule
     without that step (a 0-ns wait keeps the step numbers), and the result line is a note."""
-    from rdmalab.schedule import Schedule
+    from rdmalab.schedules import Schedule
     s = Schedule.from_json({"rdmalab_schedule": 1, "seed": 4, "hosts": ["a", "b"], "steps": [
         {"op": "connect", "conn": "c0", "client": "a", "server": "b"},
         {"op": "async_event", "conn": "c0", "side": "server", "event": "QP_REQ_ERR"},

@@ -10,9 +10,8 @@ import pytest
 
 import rdmalab
 from rdmalab import ms, sec
-from rdmalab.schedule import Schedule, ScheduleError
-from rdmalab.schedule_run import Runner
-from rdmalab import shrink, swarm, swarm_cli
+from rdmalab.schedules import Runner, Schedule, ScheduleError
+from rdmalab.schedules import shrink, swarm, swarm_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,7 +127,7 @@ def test_the_schedules_own_fields_are_checked(head, needle):
 def test_the_tables_are_the_labs_own():
     """The names a schedule is checked against come from where the lab reads them."""
     from rdmalab import _core
-    from rdmalab.schedule import VERB_MOMENTS, cm_events, cm_protocol_states
+    from rdmalab.schedules import VERB_MOMENTS, cm_events, cm_protocol_states
     assert set(cm_events()) == set(_core.CmEventType.__members__)
     # cm_state: the states of core/model/cm_ib.h and cm_iw.h, whose names the model's
     # protocol_state gives
@@ -419,7 +418,7 @@ def test_the_shrinker_marks_a_drawn_candidate_anew():
 
 
 def test_the_device_path_fails_a_missed_moment_and_writes_its_signature(tmp_path):
-    """schedule_scenario (what `rdmalab replay --lab vm:...` and the device swarm run under
+    """schedules/scenario.py (what `rdmalab replay --lab vm:...` and the device swarm run under
     pytest), here on a model lab: a moment that never comes fails the test, and the result
     file's signature says missed_moment with the step."""
     path = tmp_path / "never.json"
@@ -431,7 +430,7 @@ def test_the_device_path_fails_a_missed_moment_and_writes_its_signature(tmp_path
     bindings = pathlib.Path(rdmalab.__file__).parents[1]
     env = {"PYTHONPATH": str(bindings), "PATH": "/usr/bin:/bin",
            "RDMALAB_SCHEDULES": str(listing), "RDMALAB_SCHEDULE_OUT": str(tmp_path / "out")}
-    scenario = bindings / "rdmalab" / "schedule_scenario.py"
+    scenario = bindings / "rdmalab" / "schedules" / "scenario.py"
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
                         "-p", "no:cacheprovider", str(scenario), "--lab", "model:roce"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -3,12 +3,11 @@ device has no XRC, the xrc checker (rdmalab.checkers.xrc) on real and mutated hi
 the swarm's XRC branch."""
 import pytest
 
-from rdmalab import checkers, ms, swarm
+from rdmalab import checkers, ms
 from rdmalab.checkers import xrc
 from rdmalab.checkers.base import Context
 from rdmalab.lab import model_lab
-from rdmalab.schedule import Schedule, ScheduleError
-from rdmalab.schedule_run import Runner
+from rdmalab.schedules import Runner, Schedule, ScheduleError, swarm
 
 OPEN = {"op": "xrc_open", "xrc": "x0", "host": "b", "creator": "creator",
         "holders": ["worker"], "n_srq": 2}

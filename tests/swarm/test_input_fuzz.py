@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from rdmalab import cli, inputs, swarm
+from rdmalab import cli, inputs
 from rdmalab.errors import FaultNotSupported
 from rdmalab.lab import MUTATIONS, model_lab, personalities
-from rdmalab.schedule import Schedule, ScheduleError
+from rdmalab.schedules import Schedule, ScheduleError, swarm
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("RDMALAB_FUZZ_SEED", "1"))

@@ -6,7 +6,7 @@ still fail the same way, and the same small schedule passes on the model without
 import pytest
 
 from rdmalab.lab import MUTATIONS
-from rdmalab import shrink, swarm
+from rdmalab.schedules import shrink, swarm
 
 MAX_SEEDS = 3000
 MAX_STEPS = 5

@@ -19,7 +19,7 @@ QP must keep working. Broken when, before the runner's `teardown_begin`:
 A device whose rule is unknown is judged only where both rules agree (a handle and an XRCD
 reference held).
 
-Input: the runner's records (rdmalab.schedule_xrc): `schedule_bind` with `xrc` (role
+Input: the runner's records (rdmalab.schedules.xrc): `schedule_bind` with `xrc` (role
 creator/holder: `holds`, `qp_num` the TGT QP's, `tgt_lifetime`; role sender: the sender's
 `qp_num`), `schedule_release` (`released`), `fault` kill/reboot records, `process_crash`,
 `host_lost`. No XRC in the history: valid, nothing checked.

@@ -1,6 +1,7 @@
 """Fault schedules as data (JSON): connections, traffic and faults, each step at once, after a
 delay or at a named protocol moment. Hand-written scenarios may run one; the swarm
-(rdmalab.swarm) draws them; `python3 -m rdmalab replay FILE --lab ...` replays one on any lab.
+(rdmalab.schedules.swarm) draws them; `python3 -m rdmalab replay FILE --lab ...` replays one
+on any lab.
 
     {"rdmalab_schedule": 1, "hosts": ["a", "b"], "seed": 7, "personality": "roce",
      "steps": [
@@ -34,8 +35,8 @@ import json
 import pathlib
 from typing import Any, Optional
 
-from . import sec
-from .errors import Error, FaultNotSupported, Hung
+from .. import sec
+from ..errors import Error, FaultNotSupported, Hung
 
 SCHEMA = 1
 SIDES = ("client", "server")
@@ -126,7 +127,7 @@ class ScheduleError(ValueError):
 def cm_events() -> tuple[str, ...]:
     """rdma_cm event names (_core.CmEventType, as rdmalab.cm.CM_EVENTS lists them): what
     CmId.count() takes in a cm_event moment."""
-    from .cm import CM_EVENTS
+    from ..cm import CM_EVENTS
     return tuple(CM_EVENTS)
 
 
@@ -134,20 +135,20 @@ def cm_protocol_states() -> tuple[str, ...]:
     """The CM protocol states a cm_state moment compares CmId.protocol_state with: the IB CM's
     (cm.c enum ib_cm_state) and the iWARP CM's (iwcm.c enum iw_cm_state), the tables of
     rdmalab.checkers.cm_sequence (which judges the model's `cm_state` records by them)."""
-    from .checkers.cm_sequence import IB_CM_STATES, IW_CM_STATES
+    from ..checkers.cm_sequence import IB_CM_STATES, IW_CM_STATES
     return tuple(dict.fromkeys(IB_CM_STATES + IW_CM_STATES))
 
 
 def personalities() -> list[str]:
     """The model's personalities (rdmalab.lab.personalities)."""
-    from .lab import personalities as every
+    from ..lab import personalities as every
     return every()
 
 
 def check_wire_rule(rule: dict) -> None:
     """The fault switch's own parser (_core.check_wire_rule: what the model's add_rule and the
     agent labs' rule() apply); ValueError naming the key."""
-    from . import _core
+    from .. import _core
     _core.check_wire_rule(json.dumps(rule))
 
 
@@ -300,7 +301,7 @@ class Schedule:
             raise ScheduleError(f"{at}: opcode {step['opcode']!r}: {', '.join(OPCODES)}")
         if step.get("event", "QP_FATAL") not in ASYNC_EVENTS:
             raise ScheduleError(f"{at}: event {step['event']!r}: {', '.join(ASYNC_EVENTS)}")
-        # wr_ids are (step + 1) * 1000 + k (schedule_run._wr): n stays below 1000
+        # wr_ids are (step + 1) * 1000 + k (runner._wr): n stays below 1000
         _ranges(step, {"n": (0, 999), "srq": (0, None), "ns": (0, MAX_NS),
                        "down_ns": (0, MAX_NS), "driver_delay_ns": (0, MAX_NS)}, at)
 
@@ -413,12 +414,8 @@ def load(path) -> Schedule:
     return Schedule.load(path)
 
 
-# The runner lives in rdmalab.schedule_run (it needs the lab API; this module is pure data).
-def run(lab, schedule: Schedule, **kw):
-    from .schedule_run import Runner
-    return Runner(lab, schedule, **kw).run()
-
-
+# The runner, and run(lab, schedule), live in rdmalab.schedules.runner (it needs the lab API;
+# this module is pure data).
 __all__ = ["ASYNC_EVENTS", "CM_MESSAGES", "MOMENTS", "OPS", "Schedule", "ScheduleError",
-           "VERB_MOMENTS", "cm_events", "cm_protocol_states", "xrc_srqs", "load", "run", "Error",
+           "VERB_MOMENTS", "cm_events", "cm_protocol_states", "xrc_srqs", "load", "Error",
            "FaultNotSupported", "Hung"]

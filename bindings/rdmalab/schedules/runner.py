@@ -1,5 +1,5 @@
-"""Runs a Schedule (rdmalab.schedule) on a lab through the Lab protocol only, records what each
-step did in the history (`schedule_step`, `schedule_bind`, `schedule_moment`, `hung`,
+"""Runs a Schedule (rdmalab.schedules.schedule) on a lab through the Lab protocol only, records
+what each step did in the history (`schedule_step`, `schedule_bind`, `schedule_moment`, `hung`,
 `teardown`), tears everything down and returns an Outcome. Expected failures (a post on a dead
 QP, a connection a fault kept from forming) are step results, not exceptions; a wait that must
 end and does not (a destroy, a drain, a connection that never reaches an outcome) is `hung`
@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from . import ms, sec
-from .errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
-from .protocol import CM_PROTOCOL_STATE
+from .. import ms, sec
+from ..errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
+from ..protocol import CM_PROTOCOL_STATE
 from .schedule import (DEFAULT_WITHIN_NS, DESTROY_NS, OUTCOME_NS, TRIGGERS, Schedule,
                        ScheduleError)
-from .schedule_xrc import XrcOps
+from .xrc import XrcOps
 
 # rdma_cm events that end a connect attempt (rdma_cm(7)).
 _CONNECT_ENDS = ("ESTABLISHED", "REJECTED", "UNREACHABLE", "CONNECT_ERROR", "DEVICE_REMOVAL",
@@ -92,7 +92,7 @@ class Runner(XrcOps):
         self.msg_watch: dict[tuple, Any] = {}
         self.port = _BASE_PORT
         self._reused: dict[str, bool] = {}   # host -> a QPN was handed out again
-        self._xrc_init()                     # XRC domains and senders (schedule_xrc)
+        self._xrc_init()                     # XRC domains and senders (xrc.py)
 
     # -- the run
     def run(self) -> Outcome:
@@ -320,7 +320,7 @@ class Runner(XrcOps):
         self.lab.wait_until(lambda: self._ended(c.server), self.outcome_ns,
                             f"connect {c.name}: the server side's outcome")
         if c.client.cm_id.count("ESTABLISHED") and c.server.cm_id.count("ESTABLISHED"):
-            from .resources import CmSide
+            from ..resources import CmSide
             for side in (c.client, c.server):
                 side.player = CmSide(self.lab, side.cm_id)
                 self._dispatcher(side).watch(side.player.qp, self._handler)
@@ -521,7 +521,7 @@ class Runner(XrcOps):
         has: every QP watched, destroy through it (seed 002)."""
         key = (side.host, side.process)
         if key not in self.dispatchers:
-            from .stack import Dispatcher
+            from ..stack import Dispatcher
             self.dispatchers[key] = Dispatcher(self.lab, side.player.ctx).start()
         return self.dispatchers[key]
 
@@ -648,6 +648,11 @@ class Runner(XrcOps):
             self.lab.record("teardown", object="lab", objects=objects)
         except HostLost:
             raise
+
+
+def run(lab, schedule: Schedule, **kw) -> Outcome:
+    """Runs the schedule on the lab (Runner(lab, schedule, **kw).run())."""
+    return Runner(lab, schedule, **kw).run()
 
 
 def moment_text(m: dict) -> str:

@@ -15,8 +15,8 @@ import pathlib
 
 import pytest
 
-from rdmalab.schedule import Schedule
-from rdmalab.swarm import check_run
+from rdmalab.schedules.schedule import Schedule
+from rdmalab.schedules.swarm import check_run
 
 
 def _schedules() -> list[pathlib.Path]:

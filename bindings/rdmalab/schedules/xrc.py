@@ -1,5 +1,5 @@
-"""The XRC steps of a schedule (seed 003): the Runner (rdmalab.schedule_run) takes them from
-XrcOps. An XRC domain lives on one host: its creator process opens the XRCD by a path unique
+"""The XRC steps of a schedule (seed 003): the Runner (rdmalab.schedules.runner) takes them
+from XrcOps. An XRC domain lives on one host: its creator process opens the XRCD by a path unique
 to the run and creates the receive (TGT) QP; each holder process opens the same XRCD and a
 handle on the TGT QP (ibv_open_qp) and owns `n_srq` XRC SRQs (the creator owns them when
 there are no holders, so a killed creator takes no SRQ with it otherwise). A sender on another
@@ -23,7 +23,7 @@ import itertools
 import os
 from typing import Any, Optional
 
-from .errors import Error, FaultNotSupported
+from ..errors import Error, FaultNotSupported
 from .schedule import xrc_srqs
 
 # The sender's transport timers: a send to a vanished TGT QP ends in RETRY_EXC_ERR after 4
@@ -104,8 +104,8 @@ class XrcOps:
             part.xrcd = part.ctx.open_xrcd(x.path, create=False)
             part.qp = part.ctx.open_qp(part.xrcd, x.tgt_qpn)
             self._xrc_bind(host, name, part, caps)
-        from .stack import Traffic
-        from .resources import RDMA_ACCESS
+        from ..stack import Traffic
+        from ..resources import RDMA_ACCESS
         for part in [p for p in x.parts.values() if p.role == "holder"] or [creator]:
             part.pd, part.cq = part.ctx.alloc_pd(), part.ctx.create_cq(256)
             part.mr = part.ctx.reg_mr(part.pd, 4096, RDMA_ACCESS)
@@ -126,8 +126,8 @@ class XrcOps:
                    None)
         if tgt is None:
             raise Error(f"xrc_connect {name}: no live handle on xrc {x.name}'s TGT QP")
-        from .stack import Traffic, bring_up, local_endpoint
-        from .resources import RDMA_ACCESS
+        from ..stack import Traffic, bring_up, local_endpoint
+        from ..resources import RDMA_ACCESS
         s.ctx = self._process(host, s.process).open_device()
         s.pd, s.cq = s.ctx.alloc_pd(), s.ctx.create_cq(256)
         s.mr = s.ctx.reg_mr(s.pd, 4096, RDMA_ACCESS)

@@ -29,13 +29,13 @@ import sys
 import time
 from typing import Optional
 
-from . import inputs
-from .agreement import TWIN
-from .inputs import BadInput
+from .. import inputs
+from ..agreement import TWIN
+from ..inputs import BadInput
 from .schedule import Schedule
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-SCENARIO = pathlib.Path(__file__).resolve().parent / "schedule_scenario.py"
+REPO = pathlib.Path(__file__).resolve().parents[3]
+SCENARIO = pathlib.Path(__file__).resolve().parent / "scenario.py"
 PROGRESS_S = 30.0
 
 
@@ -90,7 +90,7 @@ def check_args(command: str, args) -> None:
 
 
 def column(lab: str) -> str:
-    """A lab option as a folder name (schedule_scenario writes its results there)."""
+    """A lab option as a folder name (scenario.py writes its results there)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", lab)
 
 

@@ -14,8 +14,8 @@ import re
 import pathlib
 from typing import Optional
 
-from . import _core
-from .names import name, parse
+from .. import _core
+from ..names import name, parse
 from .schedule import Schedule
 
 
@@ -39,7 +39,7 @@ def outcome(history: list[dict]) -> dict:
     for r in history:
         if r["kind"] == "schedule_bind":
             d = r["data"]
-            if "xrc" in d:  # an XRC domain's TGT QP, or its sender (schedule_xrc)
+            if "xrc" in d:  # an XRC domain's TGT QP, or its sender (xrc.py)
                 key = f"xrc:{d['xrc']}" + (f"/{d['sender']}" if "sender" in d else "")
             else:
                 key = f"{d['conn']}/{d['side']}"

@@ -1,8 +1,8 @@
 """The swarm (TigerBeetle's VOPR, FoundationDB's simulation): each seed draws a workload and a
 fault mix, which fault kinds are on and how often they act (swarm testing: a kind that is off
 for a seed cannot mask the others), runs it as a Schedule, and runs every history checker on
-what happened. A failing seed prints its replay command; the shrinker (rdmalab.shrink) cuts it
-to the fewest steps that still fail the same way.
+what happened. A failing seed prints its replay command; the shrinker (rdmalab.schedules.shrink)
+cuts it to the fewest steps that still fail the same way.
 
     python3 -m rdmalab swarm --lab model:roce --seeds 1000
     python3 -m rdmalab swarm --lab model --minutes 1          # every personality in turn
@@ -16,7 +16,8 @@ import dataclasses
 import random
 from typing import Optional
 
-from . import ms, sec
+from .. import ms, sec
+from .runner import Runner
 from .schedule import ASYNC_EVENTS, CM_MESSAGES, Schedule
 
 # Fault kinds a seed may switch on (each with probability 1/2, and a rate drawn per seed).
@@ -99,7 +100,7 @@ def speaks_ib_cm(personality: Optional[str]) -> bool:
     watch rule counts; False for iWARP (and for a name the model does not know)."""
     p = personality or "roce"
     if p not in _IB_CM:
-        from .lab import model_lab, personalities
+        from ..lab import model_lab, personalities
         if p not in personalities():
             _IB_CM[p] = False
         else:
@@ -403,7 +404,7 @@ class SeedResult:
 def run_on_model(schedule: Schedule, personality: Optional[str] = None,
                  mutations: tuple = (), keep_history: bool = False) -> SeedResult:
     """One schedule on a fresh model lab (seeded with the schedule's seed), checked."""
-    from .lab import model_lab
+    from ..lab import model_lab
     p = personality or schedule.personality or "roce"
     kw = {"mutations": tuple(mutations)} if mutations else {}
     lab = model_lab(seed=schedule.seed, hosts=tuple(schedule.hosts), personality=p, **kw)
@@ -414,8 +415,7 @@ def run_on_model(schedule: Schedule, personality: Optional[str] = None,
 def check_run(lab, schedule: Schedule, personality: str, keep_history: bool = False) \
         -> SeedResult:
     """Runs the schedule on a lab it does not own and runs every checker on the history."""
-    from . import checkers
-    from .schedule_run import Runner
+    from .. import checkers
     outcome = Runner(lab, schedule).run()
     history = lab.history()
     sig, problems = [], []
