@@ -18,7 +18,7 @@ DEBS := build-essential cmake ninja-build g++ ccache libgtest-dev googletest nlo
 export PYTHONPATH := $(CURDIR)/bindings$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 # What rdmalab keeps between clones on this machine, outside any clone: the compiler cache here,
-# the VM lab's kernels and modules (lab/vmlab/cache.py: $(RDMALAB_CACHE)/vmlab unless VMLAB_CACHE
+# the VM lab's kernels and modules (bindings/rdmalab/machines/vmlab/cache.py: $(RDMALAB_CACHE)/vmlab unless VMLAB_CACHE
 # is set; both follow XDG_CACHE_HOME).
 RDMALAB_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rdmalab
 # Debian's ccache: a second clone, or CI on the same machine, compiles only what changed.
@@ -33,7 +33,7 @@ CONFIGURE = cmake -S . -G Ninja $$(command -v ccache >/dev/null && echo -DCMAKE_
 # The sanitizer builds use clang: it compiles them in half of g++'s time here, and libFuzzer
 # (clang's) shares the ASan+UBSan build.
 SAN_CXX := -DCMAKE_CXX_COMPILER=clang++
-PYTEST := $(PYTHON) -m pytest -p rdmalab.pytest_plugin
+PYTEST := $(PYTHON) -m pytest -p rdmalab.run.pytest_plugin
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
         vmlab-deps vmlab test-vm fuzz test-fuzz bench \
@@ -64,17 +64,17 @@ endef
 deps:
 	$(call install_missing,$(DEBS))
 
-# The soft-RoCE VM lab (lab/vmlab, docs/vmlab.md): its host packages, then the kernel, siw.ko and
-# initrd (cached in $(RDMALAB_CACHE)/vmlab, shared by every clone; lab/vmlab/cache.py), then two
+# The soft-RoCE VM lab (bindings/rdmalab/machines/vmlab, docs/vmlab.md): its host packages, then the kernel, siw.ko and
+# initrd (cached in $(RDMALAB_CACHE)/vmlab, shared by every clone; bindings/rdmalab/machines/vmlab/cache.py), then two
 # qemu hosts per provider running rping/pingpong.
-VMLAB_DEBS := $(shell grep -v '^\s*\#' lab/vmlab/deps.txt 2>/dev/null)
+VMLAB_DEBS := $(shell grep -v '^\s*\#' bindings/rdmalab/machines/vmlab/deps.txt 2>/dev/null)
 
 vmlab-deps:
 	$(call install_missing,$(VMLAB_DEBS))
 
 vmlab: vmlab-deps
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab selftest
+	$(PYTHON) -m rdmalab.machines.vmlab prepare
+	$(PYTHON) -m rdmalab.machines.vmlab selftest
 
 # $(call needs,PREREQS): PREREQS, except when tests/phases.py runs a target (PHASE=1): it has
 # already run them, in its own order, and two ninjas must never share one build folder.
@@ -133,7 +133,7 @@ test-tsan: $(call needs,build-tsan)
 	done; exit $$rc
 
 # The verbs tests that need a device, under TSan, in one rxe guest and one siw guest (guests of
-# lab.vmlab boot see the host's tree): the backend's event and CM threads against real drivers.
+# rdmalab.machines.vmlab boot see the host's tree): the backend's event and CM threads against real drivers.
 TSAN_VM_CMD := TSAN_OPTIONS='halt_on_error=1 second_deadlock_stack=1' \
   $(CURDIR)/$(TSAN_BUILD)/core/rdmalab_verbs_tests --gtest_brief=1
 
@@ -207,7 +207,7 @@ test: deps vmlab-deps
 RUN_LABS ?= --lab model:roce --lab model:iwarp-siw --lab model:ib --lab vm:rxe --lab vm:siw
 
 run: build vmlab-deps
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab prepare || \
+	$(PYTHON) -m rdmalab.machines.vmlab prepare || \
 	  echo "run: the VM lab's kernel could not be prepared; the CLI falls back to the model"
 	@echo "$(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT)"; \
 	rc=0; $(PYTHON) -m rdmalab run $(RUN_LABS) --out $(OUT) || rc=$$?; \
@@ -219,7 +219,7 @@ report_at = if [ -f $(1)/report.html ]; then echo "report: file://$(abspath $(1)
 	else echo "report: none written ($(1)/report.html is missing)"; fi
 
 # The scenarios on real kernel drivers, two qemu hosts each, one device at a time (2 cores:
-# four TCG guests at once would starve): rxe through an inventory of guests that `lab.vmlab
+# four TCG guests at once would starve): rxe through an inventory of guests that `rdmalab.machines.vmlab
 # up` boots and that see nothing of this checkout (the agent is shipped to them over SSH, as
 # to real machines), then a host lost mid-scenario on those guests (tests/vm); siw through
 # `--lab vm:siw`, the one-command path (`rdmalab run`: its report, $(OUT)/vm-siw/report.html,
@@ -236,7 +236,7 @@ report_at = if [ -f $(1)/report.html ]; then echo "report: file://$(abspath $(1)
 VM_HOSTS   ?= 2
 INVENTORY  ?= $(CURDIR)/.cache/vmlab/inventory-rxe.toml
 VM_SYSCTL  ?= net.ipv4.tcp_syn_retries=2
-VMLAB      := PYTHONPATH=$(CURDIR) $(PYTHON) -m lab.vmlab
+VMLAB      := $(PYTHON) -m rdmalab.machines.vmlab
 VM_PYTEST  := RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTEST)
 
 vmlab-prepare: $(call needs,vmlab-deps)
@@ -273,7 +273,7 @@ test-browser:
 	RDMALAB_REPORT_DIR=$(abspath $(OUT))/vm-siw RDMALAB_SCREENSHOT=$(abspath $(OUT))/browser/report.png \
 	  $(PYTEST) tests/browser -rs
 
-# The netns lab (lab/netns.py): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
+# The netns lab (bindings/rdmalab/machines/netns.py): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
 # each. This machine's kernel has no rxe, so they live inside one guest booted with
 # NETNS_KERNEL (rxe works per network namespace since 7.1). Beside the model twin.
 NETNS_KERNEL ?= sid
@@ -294,9 +294,9 @@ test-matrix: build vmlab-deps
 	$(VMLAB) prepare
 	RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTHON) -m rdmalab matrix --out $(OUT)/matrix $(MATRIX_ARGS)
 
-# The lab's hosts as podman containers sharing this machine's kernel (lab/container): the image
+# The lab's hosts as podman containers sharing this machine's kernel (bindings/rdmalab/machines/container): the image
 # from debootstrap and `podman import` (no registry), CONTAINER_HOSTS hosts on network
-# namespaces, each driven through the agent (lab/container/smoke.py). This kernel has no RDMA,
+# namespaces, each driven through the agent (bindings/rdmalab/machines/container/smoke.py). This kernel has no RDMA,
 # so no device is shown here (rxe in containers needs Linux 7.1: the netns lab is the tested
 # RDMA path). Not in test.
 CONTAINER_DEBS  := podman crun runc debootstrap
@@ -304,10 +304,10 @@ CONTAINER_HOSTS ?= 2
 
 test-container: build
 	$(call install_missing,$(CONTAINER_DEBS))
-	lab/container/build.sh
-	@rc=0; lab/container/hosts.sh start $(CONTAINER_HOSTS) && \
-	  $(PYTHON) -m lab.container.smoke $(CONTAINER_HOSTS) || rc=1; \
-	lab/container/hosts.sh stop || rc=1; exit $$rc
+	bindings/rdmalab/machines/container/build.sh
+	@rc=0; bindings/rdmalab/machines/container/hosts.sh start $(CONTAINER_HOSTS) && \
+	  $(PYTHON) -m rdmalab.machines.container.smoke $(CONTAINER_HOSTS) || rc=1; \
+	bindings/rdmalab/machines/container/hosts.sh stop || rc=1; exit $$rc
 
 test-vm: $(call needs,build-module vmlab-deps)
 	@rc=0; $(MAKE) --no-print-directory test-vm-rxe || rc=1; \

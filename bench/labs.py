@@ -1,8 +1,8 @@
 """The labs: how long from nothing to every host ready.
 
-For the qemu VM lab (lab/vmlab) with rxe and with siw: from the call that makes the lab
-(vm.Lab: kernel and initrd checked, switch started) until every guest's agent answered
-(Lab.wait_all_ready), with no VM of this run before. Two hosts, the lab scenarios use,
+For the qemu VM lab (bindings/rdmalab/machines/vmlab) with rxe and with siw: from the call that makes the lab
+(vm.VmGroup: kernel and initrd checked, switch started) until every guest's agent answered
+(VmGroup.wait_all_ready), with no VM of this run before. Two hosts, the lab scenarios use,
 measured ROUNDS times each (median), beside the same measurement for one host alone in the
 same run: the ratio says what the second host costs on this machine (two TCG guests share
 its cores). The goal is absolute: two hosts ready within GOAL_S, printed in the note.
@@ -12,7 +12,7 @@ uptime`) split the time: before the guest kernel's clock starts (qemu, firmware,
 decompression), kernel to init's modules, 9p root and network, rdma link, the agent's
 python start, and the controller noticing.
 
-The netns lab (lab/netns.py) beside the two-VM lab, both as the scenarios get them (an agent
+The netns lab (bindings/rdmalab/machines/netns.py) beside the two-VM lab, both as the scenarios get them (an agent
 pool: every host up, its agent shipped and answering, the data path warm): two rxe hosts as
 network namespaces (in one sid guest here: this machine's kernel has no rxe) against two rxe
 guests with the same kernel. Without --quick also the scenario suite's wall time on each
@@ -56,9 +56,9 @@ def stamps(serial_log: pathlib.Path) -> dict:
 
 def boot(n: int, rdma: str) -> dict:
     """One lab of n guests from nothing to ready, then closed. Seconds."""
-    from lab.vmlab.vm import Lab
+    from rdmalab.machines.vmlab.vm import VmGroup
     t0 = time.monotonic()
-    lab = Lab(n, rdma=rdma)
+    lab = VmGroup(n, rdma=rdma)
     try:
         t_made = time.monotonic()
         lab.start_all()
@@ -90,8 +90,6 @@ def _breakdown(r: dict) -> str:
 
 
 def run(args) -> list[Figure]:
-    import sys
-    sys.path.insert(0, str(REPO))
     quick = getattr(args, "quick", False)
     rounds = 1 if quick else ROUNDS
     t_start = time.monotonic()
@@ -132,7 +130,7 @@ def pool_ready(kind: str) -> float:
     """Seconds from nothing to an agent pool of two rxe hosts (netns or VM), then closed."""
     import os
     os.environ["RDMALAB_VM_KERNEL"] = NETNS_KERNEL
-    from rdmalab import agentlab
+    from rdmalab.labs import agent as agentlab
     t0 = time.monotonic()
     pool = agentlab.netns_pool(2, "rxe") if kind == "netns" else agentlab.vm_pool(2, "rxe")
     took = time.monotonic() - t0
@@ -145,7 +143,7 @@ def suite_s(lab: str) -> tuple[float, str]:
     import subprocess
     import sys
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", "-q",
                         "tests/scenarios", "--lab", lab, "--kernel", NETNS_KERNEL,
                         "--rdmalab-timeout", "180", "-p", "no:cacheprovider"],
                        cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -154,8 +152,6 @@ def suite_s(lab: str) -> tuple[float, str]:
 
 
 def netns_figures(quick: bool, rounds: int) -> list[Figure]:
-    import sys
-    sys.path.insert(0, str(REPO / "bindings"))
     netns, vm = [], []
     for i in range(rounds):
         for kind in (("netns", "vm") if i % 2 == 0 else ("vm", "netns")):

@@ -83,7 +83,7 @@ def pytest_runtest_call(item):
 def test_bench_cm_cycles(lab):
     """Connect and disconnect through rdma_cm, again and again (collected only when this file
     is named on pytest's command line, as run() does)."""
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
     max_cycles, max_s = (float(x) for x in os.environ.get(CYCLES_ENV, "200,10").split(","))
     server = lab.host("b").process("bench-cm-server")
     client = lab.host("a").process("bench-cm-client")
@@ -105,7 +105,7 @@ def _pytest(lab: str, extra: list[str], timing: pathlib.Path, cycles: str, log: 
     timing.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'bindings'}", **{TIMING_ENV: str(timing),
                                                                       CYCLES_ENV: cycles})
-    argv = [PYTHON, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-p", "bench.model", "-q",
+    argv = [PYTHON, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", "-p", "bench.model", "-q",
             "-p", "no:cacheprovider", "--lab", lab, *extra, SCENARIO, CYCLE_TEST]
     t0 = time.monotonic()
     with open(log, "w") as fh:

@@ -1,5 +1,5 @@
 // The C++ engine alone, as the reference for bench/model.py's Python-driven figures: the same
-// scenarios through the C++ API that rdmalab.resources.CmPair and the DREP-loss scenario
+// scenarios through the C++ API that rdmalab.api.resources.CmPair and the DREP-loss scenario
 // (tests/scenarios/test_cm.py::test_every_drep_dropped) drive from Python.
 //
 //   rdmalab_bench_model [--drep-runs N] [--cycles N] [--cycle-seconds S] [--labs N]

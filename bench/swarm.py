@@ -14,7 +14,7 @@ GOAL_SEEDS_PER_MIN = 10_000
 
 
 def _rate(workers: int, seconds: float, first: int) -> float:
-    from rdmalab import lab
+    from rdmalab.labs import engine as lab
     from rdmalab.schedules import swarm
     t0 = time.monotonic()
     done, failures = swarm.run_seeds(lab.personalities(), first=first,

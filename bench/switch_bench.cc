@@ -275,7 +275,7 @@ class SwitchProcess {
   pid_t pid_ = 0;
 };
 
-// The switch's control socket, as bindings/rdmalab/fabric.py SwitchControl speaks it: one JSON
+// The switch's control socket, as bindings/rdmalab/faults/fabric.py SwitchControl speaks it: one JSON
 // object per line each way, every reply within a deadline.
 class Control {
  public:

@@ -1,6 +1,6 @@
 """The traffic engine against perftest, on one rxe pair of the VM lab.
 
-Boots two rxe guests (lab/vmlab), then in rounds, per test: Debian's perftest (ib_send_bw,
+Boots two rxe guests (bindings/rdmalab/machines/vmlab), then in rounds, per test: Debian's perftest (ib_send_bw,
 ib_write_bw, ib_read_bw, ib_send_lat; server in vm1, client in vm2 pointing at 10.0.0.1)
 over every size, and rdmalab_bench_traffic (bench/traffic_bench.cc: the same measurements
 through stack::Traffic, its CompletionLedger and the verbs backend, History on, polling
@@ -43,7 +43,7 @@ LAT_ITERS = {64: 1000, 1024: 1000, 4096: 500, 65536: 60}
 QUICK_BW_ITERS = {64: 1000, 1024: 1000, 4096: 400, 65536: 40}
 QUICK_LAT_ITERS = {64: 200, 1024: 200, 4096: 100, 65536: 20}
 TX_DEPTH, RX_DEPTH, CQ_MOD, OUT_READS, MTU = 128, 512, 100, 16, 1024
-GID_INDEX = 1  # rxe: ::ffff:10.0.0.N (RoCEv2); lab/vmlab/up.py GID_INDEX
+GID_INDEX = 1  # rxe: ::ffff:10.0.0.N (RoCEv2); bindings/rdmalab/machines/vmlab/up.py GID_INDEX
 PERFTEST_PORT, BENCH_PORT = 18515, 18600
 TESTS = {  # bench test -> (perftest binary, figure name)
     "send_bw": ("ib_send_bw", "SEND"),
@@ -263,9 +263,7 @@ def one_way_layers_us(m: dict) -> tuple[float, float]:
 
 
 def run(args) -> list[Figure]:
-    import sys
-    sys.path.insert(0, str(REPO))
-    from lab.vmlab.vm import Lab
+    from rdmalab.machines.vmlab.vm import VmGroup
 
     binary = (REPO / args.build / "bench" / "rdmalab_bench_traffic").resolve()
     if not binary.exists():
@@ -287,7 +285,7 @@ def run(args) -> list[Figure]:
     raw: list = []
     diag: dict = {}   # (test, variant) -> last result (for the profile note)
     t_start = time.monotonic()
-    with Lab(2, rdma="rxe") as lab:
+    with VmGroup(2, rdma="rxe") as lab:
         lab.start_all()
         boot = lab.wait_all_ready()
         switch = "the fault switch (rdmalab-switch)" if lab.switch_control else "the Python switch"

@@ -1,5 +1,5 @@
 // A pcap file of the fabric (classic format, little-endian, microseconds, LINKTYPE_ETHERNET),
-// as lab/vmlab/pcap.py writes and reads it.
+// as bindings/rdmalab/machines/vmlab/pcap.py writes and reads it.
 #pragma once
 
 #include <cstdint>

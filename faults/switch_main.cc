@@ -1,5 +1,5 @@
 // rdmalab-switch: the VM lab's fabric switch with fault rules (switch.h). A drop-in for
-// lab/vmlab/switch.py: --sock PATH [--peer PATH ...] [--pcap FILE] [--keep], plus
+// bindings/rdmalab/machines/vmlab/switch.py: --sock PATH [--peer PATH ...] [--pcap FILE] [--keep], plus
 // --control PATH (the rule socket) and --seed N (the probability rules' generator).
 // --decode-pcap FILE [--max-frames N]: no switch; prints the parser's summary of each frame of a
 // capture, one JSON line each (decode_pcap, pcap.h), for a scenario's evidence.

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def run_suite(seed: int, out: pathlib.Path) -> int:
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'bindings'}:{ROOT}")
-    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q", "-p",
+    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", "-q", "-p",
            "no:cacheprovider", str(ROOT / "tests" / "scenarios"), "--lab", "model",
            "--seed", str(seed), "--history-dir", str(out), "-n", "2"]
     return subprocess.run(cmd, cwd=ROOT, env=env, timeout=3600).returncode

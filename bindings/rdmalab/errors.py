@@ -91,7 +91,7 @@ INT64_MAX = 2**63 - 1  # TimeNs: the clock's end
 
 
 def out_of_range_kept(build):
-    """build (a rdmalab.requests builder) whose OutOfRange is raised as itself: the builders
+    """build (a rdmalab.api.requests builder) whose OutOfRange is raised as itself: the builders
     turn every TypeError of a field into a plain TypeError ("bad value ... for timeout"), and
     the verbs want the engine's error naming the verb and the field."""
     def call(*args, **kw):

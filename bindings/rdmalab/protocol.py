@@ -1,7 +1,7 @@
 """The Lab protocol: what every lab offers a scenario, whatever its hosts are.
 
-Two kinds implement it: the engine labs of rdmalab.lab (the model, and a machine's own devices
-in an agent) and rdmalab.agentlab.AgentLab (hosts reached through agents on Machines: qemu
+Two kinds implement it: the engine labs of rdmalab.labs.engine (the model, and a machine's own devices
+in an agent) and rdmalab.labs.agent.AgentLab (hosts reached through agents on Machines: qemu
 guests, inventory hosts). Nothing above this protocol (the host API's helpers, resources,
 stack wrappers, metrics, the pytest plugin, scenarios) asks which kind it has: it asks
 `lab.has(capability)`, and where an object is built it asks `lab.place(anchor)`.
@@ -31,7 +31,7 @@ CAPABILITIES = (VIRTUAL_TIME, CM_PROTOCOL_STATE, SRQ_OCCUPANCY, WIRE_PLACEMENT, 
 
 
 @runtime_checkable
-class LabProtocol(Protocol):
+class Lab(Protocol):
     """A lab of named hosts. Time is in ns on the lab's clock."""
 
     description: str        # "model:ib", "vm:rxe", "inventory:lab.toml" (a column of the table)

@@ -8,7 +8,7 @@ import subprocess
 import threading
 
 from rdmalab import sec
-from rdmalab.resources import CmPair
+from rdmalab.api.resources import CmPair
 
 
 def test_a_host_dies_mid_scenario(lab):

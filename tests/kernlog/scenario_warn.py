@@ -1,7 +1,7 @@
 """Scenarios for the kernel-log oracle's end-to-end check (tests/vm/test_kernel_oracle.py runs
 them in a run of their own against an inventory of VM guests and reads the outcome): in the
-first, host a's kernel logs a WARNING splat mid-scenario, from rdmalab_warn.ko (lab/vmlab/
-testmod, built by `python3 -m lab.vmlab prepare`) shipped to the host over SSH and loaded
+first, host a's kernel logs a WARNING splat mid-scenario, from rdmalab_warn.ko (bindings/rdmalab/machines/vmlab/
+testmod, built by `python3 -m rdmalab.machines.vmlab prepare`) shipped to the host over SSH and loaded
 there, while the scenario itself does nothing wrong; the second, on the same hosts, loads
 nothing. The oracle must fail the first with the splat in its evidence and pass the second.
 A test aid, not a fault: not collected by the suite (the file name does not start with test_).
@@ -10,7 +10,7 @@ A test aid, not a fault: not collected by the suite (the file name does not star
 import pytest
 
 from rdmalab import sec
-from rdmalab.resources import CmPair
+from rdmalab.api.resources import CmPair
 
 REMOTE = "/var/tmp/rdmalab-testmod/rdmalab_warn.ko"
 
@@ -18,7 +18,7 @@ REMOTE = "/var/tmp/rdmalab-testmod/rdmalab_warn.ko"
 def _test_module(machine) -> str:
     """rdmalab_warn.ko built for the machine's running kernel (from the VM lab's cache, built
     there now if missing); skips where that kernel is not one the VM lab can build for."""
-    from lab.vmlab import kernel  # the repository root is on sys.path under the plugin
+    from rdmalab.machines.vmlab import kernel  # the repository root is on sys.path under the plugin
 
     release = machine.run("uname -r", 30).check(f"{machine.name}: uname -r").out.strip()
     try:

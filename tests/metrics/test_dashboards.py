@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from prom_stack import PROMTOOL, Prometheus, Pushgateway, Server, free_port, missing, wait_for
-from rdmalab import report
+from rdmalab.report import junit as report
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"

@@ -1,4 +1,4 @@
-"""rdmalab.metrics and the plugin's metrics options, without a Prometheus server: the exposition
+"""rdmalab.run.metrics and the plugin's metrics options, without a Prometheus server: the exposition
 text of an attached lab, the pull endpoint, a push to a one-request HTTP server in the test,
 device counters from a FAKE sysfs tree (a temp directory), and `rdma statistic` text."""
 
@@ -11,8 +11,9 @@ import urllib.request
 import pytest
 
 import rdmalab
-from rdmalab import metrics, ms
-from rdmalab.resources import CmPair
+from rdmalab.run import metrics
+from rdmalab import ms
+from rdmalab.api.resources import CmPair
 
 HTTP_TIMEOUT_S = 5
 
@@ -145,7 +146,7 @@ def test_parse_listen():
             metrics.parse_listen(bad)
 
 
-PLUGIN = ("-p", "rdmalab.pytest_plugin")
+PLUGIN = ("-p", "rdmalab.run.pytest_plugin")
 SCENARIOS = """
     def test_passes(lab):
         pass
@@ -191,7 +192,7 @@ def test_plugin_rejects_a_bad_listen_address_and_is_off_by_default(pytester):
 
 
 class FinishedVmLab:
-    """What Metrics.attach needs of an agent lab (rdmalab.agentlab.AgentLab): attach_metrics
+    """What Metrics.attach needs of an agent lab (rdmalab.labs.agent.AgentLab): attach_metrics
     through a shutdown hook, the merged history, the device per host. The records are shaped
     as an agent lab merges them."""
 

@@ -1,4 +1,4 @@
-"""How an inventory run chooses its hosts (rdmalab.agentlab.inventory_pool): free and healthy
+"""How an inventory run chooses its hosts (rdmalab.labs.agent.inventory_pool): free and healthy
 ones, all behind one switch, pytest-xdist workers starting at different fabrics, and a clear
 error naming every host passed over. The locks and health checks are replaced by fakes here
 (tests/python/test_py_inventory.py runs the real ones against an sshd; make test-vm on VMs)."""
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from rdmalab import agentlab
-from rdmalab.agentlab import pools
-from lab import hostcheck, inventory
-from lab.machine import MachineError
+from rdmalab.labs import agent as agentlab
+from rdmalab.labs.agent import pools
+from rdmalab.machines import hostcheck, inventory
+from rdmalab.machines.machine import MachineError
 
 HELD: set[str] = set()
 
@@ -102,8 +102,8 @@ def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
     """cm_timing on an agent lab (its tolerance_ns and timer_slack_ns): a span through several
     hosts may be late by the time each stood still in it (their StallMeters, summed), and the
     failure message says how long each did; with no stall the bound is the same as before."""
-    from rdmalab.cm_timing import (early_bound_ns, late_bound_ns, late_span_bound_ns,
-                                   stalled_ns, stood_still)
+    from rdmalab.api.cm_timing import (early_bound_ns, late_bound_ns, late_span_bound_ns,
+                                       stalled_ns, stood_still)
 
     stalls = {"a": [(1_000, 1_500)], "b": [(1_200, 2_000), (9_000, 9_100)]}
 

@@ -1,12 +1,13 @@
-"""Model against device (rdmalab.agreement): synthetic columns, and a real two-column model run
+"""Model against device (rdmalab.findings.agreement): synthetic columns, and a real two-column model run
 with one column relabelled as a device."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-from rdmalab import agreement, findings, report
-from rdmalab.report import Result
+from rdmalab.findings import agreement, registry as findings
+from rdmalab.report import junit as report
+from rdmalab.report.junit import Result
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
 
@@ -76,13 +77,13 @@ def test_without_the_twin_column_it_says_which_to_add():
     assert agreement.lines(results) == [
         "agreement rxe (vm-rxe): no model column to compare with: add --lab model:roce",
         "agreement bnxt_re (inventory-lab): no model personality predicts bnxt_re (add it to "
-        "rdmalab.agreement.TWIN)"]
+        "rdmalab.findings.agreement.TWIN)"]
     assert agreement.lines([model("t::a", "passed")]) == []  # no device: nothing to say
 
 
 def test_one_table_maps_drivers_to_personalities():
-    from rdmalab import cli
-    from rdmalab.lab import personalities
+    from rdmalab.run import cli
+    from rdmalab.labs.engine import personalities
     assert set(agreement.TWIN.values()) <= set(personalities())
     assert cli.TWIN is agreement.TWIN  # the VM lab fallback uses the same table
     assert agreement.TWIN["rxe"] == "roce" and agreement.TWIN["siw"] == "iwarp-siw"
@@ -144,11 +145,11 @@ def test_pytest_summary_compares_a_device_column_with_its_twin(pytester):
         def test_differs(lab):
             assert lab.host("a").caps().personality == "ib"
     """)
-    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:roce,ib")
+    result = pytester.runpytest("-p", "rdmalab.run.pytest_plugin", "--lab", "model:roce,ib")
     result.stdout.fnmatch_lines([
         "*rdmalab: model vs device*",
         "agreement rxe (vm-rxe) vs model:roce: 1/2 scenarios agree; 1 disagree: "
         "test_gen::test_differs (UNEXPLAINED: device passed, model failed)"])
-    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:ib")
+    result = pytester.runpytest("-p", "rdmalab.run.pytest_plugin", "--lab", "model:ib")
     result.stdout.fnmatch_lines(["agreement rxe (vm-rxe): no model column to compare with: "
                                  "add --lab model:roce"])

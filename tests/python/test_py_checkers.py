@@ -5,7 +5,7 @@ say valid or unknown with the expected reason (no false positives)."""
 import pytest
 
 from rdmalab import checkers, ms, sec
-from rdmalab import checks
+from rdmalab.run import checks
 from rdmalab.checkers import (Context, bounded, cm_terminal, completions, handlers, holds,
                               leftovers)
 
@@ -459,7 +459,7 @@ def assert_no_false_positive(res, unknown=None):
 
 @pytest.fixture(params=PERSONALITIES)
 def mlab(request):
-    from rdmalab.lab import model_lab
+    from rdmalab.labs.engine import model_lab
     lab = model_lab(seed=7, personality=request.param)
     yield lab
     lab.shutdown()
@@ -472,7 +472,7 @@ def test_context_of_a_model_lab(mlab):
 
 
 def test_real_connect_send_disconnect(mlab):
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
     pair = CmPair(mlab)
     for i in range(3):
         pair.server.post_recv(length=64)
@@ -490,7 +490,7 @@ def test_real_connect_send_disconnect(mlab):
 
 
 def test_real_drain_with_outstanding_wrs(mlab):
-    from rdmalab.resources import RCPair
+    from rdmalab.api.resources import RCPair
     pair = RCPair(mlab, max_send_wr=65, max_recv_wr=65, cqe=256)
     for _ in range(32):
         pair.a.post_recv(length=64)
@@ -505,7 +505,7 @@ def test_real_drain_with_outstanding_wrs(mlab):
 
 
 def test_real_destroy_with_work_in_flight(mlab):
-    from rdmalab.resources import RCPair
+    from rdmalab.api.resources import RCPair
     pair = RCPair(mlab)
     for _ in range(4):
         pair.b.post_recv(length=64)
@@ -515,7 +515,7 @@ def test_real_destroy_with_work_in_flight(mlab):
 
 
 def test_real_process_kill(mlab):
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
     victim = mlab.killable_process("a", "victim")
     pair = CmPair(mlab, process_client=victim)
     pair.server.post_recv(length=64)
@@ -532,7 +532,7 @@ def test_real_process_kill(mlab):
 
 
 def test_real_reboot_with_qpn_reuse(mlab):
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
     if mlab.host("a").caps().transport == "iWARP":
         pytest.skip("the stale-connection path is the IB CM's")
     mlab.fresh_hosts("a")
@@ -552,8 +552,8 @@ def test_real_reboot_with_qpn_reuse(mlab):
 
 
 def test_real_qp_fatal_with_a_dispatcher(mlab):
-    from rdmalab.resources import RCPair
-    from rdmalab.stack import Dispatcher
+    from rdmalab.api.resources import RCPair
+    from rdmalab.api.stack import Dispatcher
     if "QP_FATAL" not in mlab.host("a").caps().raises:
         pytest.skip("the personality raises no QP_FATAL")
     p = RCPair(mlab).a
@@ -575,8 +575,8 @@ def test_real_qp_fatal_with_a_dispatcher(mlab):
 
 
 def test_real_drep_dropped(mlab):
-    from rdmalab.cm_timing import IbCmTiming
-    from rdmalab.resources import CmPair
+    from rdmalab.api.cm_timing import IbCmTiming
+    from rdmalab.api.resources import CmPair
     if mlab.host("a").caps().transport == "iWARP":
         pytest.skip("DREP is the IB CM's")
     timing = IbCmTiming.for_caps(mlab.host("a").caps())
@@ -593,7 +593,7 @@ def test_real_drep_dropped(mlab):
 # ---------------------------------------------------------------- planted defects (issue 17 item 7)
 
 def mutated_lab(name, personality):
-    from rdmalab import lab as lab_mod
+    from rdmalab.labs import engine as lab_mod
     if name not in getattr(lab_mod, "MUTATIONS", {}):
         pytest.skip(f"this build has no mutation {name}")
     return lab_mod.model_lab(seed=3, personality=personality, mutations=[name])
@@ -607,7 +607,7 @@ def invalid_of(lab, name):
 
 
 def test_mutation_lost_flush_completion_is_found():
-    from rdmalab.resources import RCPair
+    from rdmalab.api.resources import RCPair
     lab = mutated_lab("lost_flush_completion", "roce")
     pair = RCPair(lab)
     for _ in range(3):
@@ -619,8 +619,8 @@ def test_mutation_lost_flush_completion_is_found():
 
 
 def test_mutation_handler_after_destroy_is_found():
-    from rdmalab.resources import Player
-    from rdmalab.stack import Dispatcher
+    from rdmalab.api.resources import Player
+    from rdmalab.api.stack import Dispatcher
     lab = mutated_lab("handler_after_destroy", "ib")
     p = Player(lab, "a")
     other = p.ctx.create_qp(p.pd, "RC", cq=p.cq)
@@ -642,7 +642,7 @@ def test_mutation_handler_after_destroy_is_found():
 
 
 def test_mutation_destroy_ignores_unacked_is_found():
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
     lab = mutated_lab("destroy_ignores_unacked", "roce")
     pair = CmPair(lab)
     server, ch = pair.server.conn, pair.server_channel
@@ -663,8 +663,8 @@ def test_checkers_are_linear_in_the_history():
     fixed time (a fixed 10 ms failed at 13.8 ms with stress-ng and two device labs beside it):
     twice the records take about twice as long, a quadratic pass four times. The absolute
     figure is printed (`make bench`'s kind of number, ~2 ms for 1,000 records)."""
-    from rdmalab.lab import model_lab
-    from rdmalab.resources import CmPair
+    from rdmalab.labs.engine import model_lab
+    from rdmalab.api.resources import CmPair
     lab = model_lab(seed=5, personality="roce")
     n = 0
     while len(lab.history()) < 1000:

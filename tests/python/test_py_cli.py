@@ -5,7 +5,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rdmalab import report
+from rdmalab.report import junit as report
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
 
@@ -109,8 +109,8 @@ def test_table_reports_a_reproduced_finding_and_fails_a_gone_one(tmp_path):
 def test_finding_marker_applies_to_its_device_only():
     import pytest
 
-    from rdmalab import findings
-    from rdmalab.pytest_plugin import finding_on
+    from rdmalab.findings import registry as findings
+    from rdmalab.run.pytest_plugin import finding_on
 
     class Caps:
         personality, name = "siw", "siw0"
@@ -180,7 +180,7 @@ def test_finding_marker_applies_to_its_device_only():
 def test_kernel_is_passed_to_pytest_and_names_the_column():
     """`run --kernel sid` reaches the plugin; a device's column names its kernel, the model's
     does not."""
-    from rdmalab import cli
+    from rdmalab.run import cli
     args = cli.build_parser().parse_args(["run", "--lab", "vm:rxe", "--kernel", "sid"])
     cmd = cli.pytest_command(args, [])
     assert cmd[cmd.index("--kernel") + 1] == "sid"

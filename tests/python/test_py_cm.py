@@ -1,4 +1,4 @@
-"""The Python layer of rdma_cm (rdmalab.cm): names and values, CmPair on each transport, the
+"""The Python layer of rdma_cm (rdmalab.api.cm): names and values, CmPair on each transport, the
 event history per id, errors naming the verb, Hung dumps naming the stuck id, handlers,
 shutdown and reboot. Protocol behaviour is for tests/scenarios."""
 
@@ -8,9 +8,9 @@ import pytest
 
 import rdmalab
 from rdmalab import ms, sec
-from rdmalab.cm import (CM_EVENTS, CmEvent, CmEventError, CmEventRecord, make_conn_param,
-                        make_timing, status_name)
-from rdmalab.resources import CmPair
+from rdmalab.api.cm import (CM_EVENTS, CmEvent, CmEventError, CmEventRecord, make_conn_param,
+                            make_timing, status_name)
+from rdmalab.api.resources import CmPair
 
 PERSONALITIES = ["ib", "roce", "iwarp-cxgb4", "iwarp-siw"]
 

@@ -5,9 +5,10 @@ objects, and the same errors where a step fails."""
 import pytest
 
 import rdmalab
-from rdmalab import cm, ms
+from rdmalab.api import cm
+from rdmalab import ms
 from rdmalab.errors import Hung
-from rdmalab.resources import CmPair, CmSide
+from rdmalab.api.resources import CmPair, CmSide
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def step_by_step(monkeypatch):
         if enabled:
             monkeypatch.setattr(CmPair, "_up_at_once", lambda self, *a: False)
             monkeypatch.setattr(CmPair, "_down_at_once", lambda self, *a: False)
-            monkeypatch.setattr("rdmalab.resources._close_channel",
+            monkeypatch.setattr("rdmalab.api.resources._close_channel",
                                 lambda ch, timeout_ns: ch.close(timeout_ns))
         else:
             monkeypatch.undo()

@@ -10,8 +10,8 @@ import rdmalab
 from rdmalab import ms, sec
 from rdmalab.checkers import cm_sequence as cs
 from rdmalab.checkers.base import Context
-from rdmalab.cm_timing import IwMpaTiming
-from rdmalab.resources import CmPair
+from rdmalab.api.cm_timing import IwMpaTiming
+from rdmalab.api.resources import CmPair
 
 ACTIVE = ["ADDR_RESOLVED", "ROUTE_RESOLVED", "ESTABLISHED", "DISCONNECTED"]
 PASSIVE = ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED"]

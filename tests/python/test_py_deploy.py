@@ -1,4 +1,4 @@
-"""Shipping the agent (lab.deploy) to a host, played by this machine (lab.localmachine): the
+"""Shipping the agent (rdmalab.machines.deploy) to a host, played by this machine (rdmalab.machines.localmachine): the
 install, the no-op second time, a fresh interpreter that sees only the deployed copy, the
 build-on-host path (its dependency check, and one real build), and the version check when the
 agent starts over execnet."""
@@ -7,19 +7,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # lab/ is a package at the repository root
-    sys.path.insert(0, str(REPO))
 
-from lab import deploy  # noqa: E402
-from lab.deploy import DeployError, bundle, ensure_agent  # noqa: E402
-from lab.localmachine import LocalMachine  # noqa: E402
+from rdmalab.machines import deploy
+from rdmalab.machines.deploy import DeployError, bundle, ensure_agent
+from rdmalab.machines.localmachine import LocalMachine
 
 ENGINE = REPO / "bindings" / "rdmalab" / f"_core{deploy._ext_suffix()}"
 pytestmark = pytest.mark.skipif(not ENGINE.exists(), reason="the engine is not built (make build)")
@@ -79,8 +76,8 @@ def test_bundle_version_is_over_sources_not_the_built_engine(unfit_repo, tmp_pat
     assert "bindings/src/module.cc" in b.sources and "bindings/CMakeLists.txt" in b.sources
     assert "cmake/unity.cmake" in b.sources  # what CMakeLists.txt includes
     assert not any(s.startswith("bindings/rdmalab") for s in b.sources)
-    assert "bindings/rdmalab/agent.py" in b.package
-    assert "bindings/rdmalab/findings.toml" in b.package  # the package's data ships with it
+    assert "bindings/rdmalab/agent/serve.py" in b.package
+    assert "bindings/rdmalab/findings/findings.toml" in b.package  # the package's data ships with it
     assert b.platform == deploy._ext_suffix().strip(".").removesuffix(".so")
     # Another engine from the same sources: the same version (a host that rebuilt it matches).
     other = bundle(unfit_repo)
@@ -102,7 +99,7 @@ def test_bundle_ships_a_stripped_engine_and_a_manifest(tmp_path):
         version = tar.extractfile("rdmalab/DEPLOYED_VERSION").read().decode().strip()
         with tarfile.open(fileobj=tar.extractfile("src.tar.gz")) as src:
             sources = set(src.getnames())
-    assert {"rdmalab/__init__.py", "rdmalab/agent.py", "rdmalab/findings.toml",
+    assert {"rdmalab/__init__.py", "rdmalab/agent/serve.py", "rdmalab/findings/findings.toml",
             "src.tar.gz"} <= names
     assert so.size <= ENGINE.stat().st_size
     assert manifest["version"] == version == b.version
@@ -133,10 +130,10 @@ def test_ensure_agent_installs_once_then_is_one_round_trip(tmp_path):
 
     # Only the deployed copy, never the checkout: the engine loads and a model lab runs.
     r = fresh_python(
-        "import rdmalab, rdmalab._core, rdmalab.lab\n"
+        "import rdmalab, rdmalab._core, rdmalab.labs.engine\n"
         f"assert not any(p.startswith({str(REPO / 'bindings')!r}) for p in sys.path)\n"
         "assert rdmalab.__file__.startswith(sys.path[0]), rdmalab.__file__\n"
-        "lab = rdmalab.lab.model_lab(seed=1)\n"
+        "lab = rdmalab.labs.engine.model_lab(seed=1)\n"
         "lab.shutdown()\n"
         "print('model lab ok', open(sys.path[0] + '/rdmalab/DEPLOYED_VERSION').read())",
         first.path)
@@ -218,7 +215,7 @@ def test_an_engine_that_does_not_fit_and_no_cmake_names_cmake(unfit_repo, tmp_pa
 
 def test_version_mismatch_at_start_is_a_clear_error():
     with pytest.raises(DeployError, match="host h3 runs rdmalab agent aaaa, the controller is "
-                                          "bbbb: redeploy with lab.deploy.ensure_agent"):
+                                          "bbbb: redeploy with rdmalab.machines.deploy.ensure_agent"):
         deploy.check_version("aaaa", "bbbb", "h3")
     deploy.check_version("bbbb", "bbbb", "h3")
 
@@ -245,7 +242,7 @@ def test_the_agent_starts_from_the_deployed_path_and_checks_its_version(tmp_path
 
     import rpyc
 
-    from rdmalab import remote
+    from rdmalab.agent import remote
     channel = deploy.open_agent_channel(gateway, installed.path, installed.version, "h4")
     conn = rpyc.connect_stream(remote.ExecnetStream(channel), service=rpyc.ClassicService,
                                config=remote.RPYC_CONFIG)
@@ -287,7 +284,7 @@ def test_an_engine_that_does_not_fit_is_built_on_the_host(unfit_repo, tmp_path):
     v = Path(got.path)
     assert (v / "READY").exists() and (v / "build.log").exists()
     assert not (v / "build").exists() and not (v / "src").exists()  # the tmpfs is small
-    r = fresh_python("import rdmalab.lab\nrdmalab.lab.model_lab(seed=1).shutdown()\nprint('ok')",
+    r = fresh_python("import rdmalab.labs.engine\nrdmalab.labs.engine.model_lab(seed=1).shutdown()\nprint('ok')",
                      got.path)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
     m.runs.clear()
@@ -296,7 +293,7 @@ def test_an_engine_that_does_not_fit_is_built_on_the_host(unfit_repo, tmp_path):
     assert again.built_on_host and not again.copied and len(m.runs) == 1 and not m.copies
 
 
-# -- the agent pool (rdmalab.agentlab) after a reboot wiped the install ---------------------------
+# -- the agent pool (rdmalab.labs.agent) after a reboot wiped the install ---------------------------
 
 class TmpfsMachine(CountingMachine):
     """This machine as a host whose agent_dir is on a tmpfs, as a VM lab guest's is: powering
@@ -327,7 +324,7 @@ def pool_on(tmp_path, monkeypatch):
     started agents from); the pool is closed after the test."""
     pytest.importorskip("execnet", reason="python3-execnet is not installed")
     pytest.importorskip("rpyc", reason="python3-rpyc is not installed")
-    from rdmalab import agentlab
+    from rdmalab.labs import agent as agentlab
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the agent sees the shipped copy only
     monkeypatch.chdir(tmp_path)
     started: list[str] = []

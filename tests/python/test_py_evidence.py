@@ -1,4 +1,4 @@
-"""A scenario's evidence bundle (rdmalab.evidence) on a fake device lab whose wire is the real
+"""A scenario's evidence bundle (rdmalab.report.evidence) on a fake device lab whose wire is the real
 fault switch (build/faults/rdmalab-switch, frames sent through its socket): the capture decoded
 into `wire` records by the switch's own parser, `rdma res` before and after, the kernel log and
 its splats judged against the registry, a lost host noted without a hang; and the plugin's
@@ -15,9 +15,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rdmalab import evidence, findings, kernlog
+from rdmalab.report import evidence
+from rdmalab.findings import registry as findings, kernlog
 from rdmalab.errors import Hung
-from rdmalab.pytest_plugin import final_outcome, splat_failure
+from rdmalab.run.pytest_plugin import final_outcome, splat_failure
 
 from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
 from test_py_rules import connect_control  # tests/python/test_py_rules.py
@@ -41,7 +42,7 @@ class Machine:
 
 
 class HostSide:
-    """What rdmalab.evidence's host functions return in a host's agent."""
+    """What rdmalab.report.evidence's host functions return in a host's agent."""
 
     def __init__(self, splat: bool):
         self.splat = splat
@@ -78,14 +79,14 @@ class Agent:
         self.broken = ""
 
     def function(self, module, name):
-        assert module == "rdmalab.evidence"
+        assert module == "rdmalab.report.evidence"
         return getattr(self.side, name)
 
     def call_copy(self, module, name, *args, deadline_s=None, what=""):
         fn = self.function(module, name)
         got = fn(*args) if deadline_s is None else self.call_with_deadline(fn, deadline_s,
                                                                             what, *args)
-        return pickle.loads(pickle.dumps(got))  # a copy, as rdmalab.remote.Agent's
+        return pickle.loads(pickle.dumps(got))  # a copy, as rdmalab.agent.remote.Agent's
 
     def call_with_deadline(self, fn, deadline_s, what, *args):
         if self.broken:
@@ -309,7 +310,7 @@ def test_model_runs_get_a_history_property_and_no_evidence(pytester, tmp_path):
             lab.run_for(1000)
         """)
     junit = tmp_path / "junit.xml"
-    result = pytester.runpytest("-p", "rdmalab.pytest_plugin", "--lab", "model:roce",
+    result = pytester.runpytest("-p", "rdmalab.run.pytest_plugin", "--lab", "model:roce",
                                 "--history-dir", str(tmp_path / "out" / "history"),
                                 "--junitxml", str(junit))
     result.assert_outcomes(passed=1)
@@ -341,7 +342,7 @@ def test_a_second_lab_on_the_same_switch_leaves_the_capture_to_the_first(tmp_pat
 
 
 def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path):
-    """lab.netns.BridgeCapture on a bridge made here (root and tcpdump needed): one tcpdump
+    """rdmalab.machines.netns.BridgeCapture on a bridge made here (root and tcpdump needed): one tcpdump
     serves successive scenarios, each taking the frames sent out of the bridge since its
     mark, decoded, including those tcpdump had not yet written when take() began (it is
     stopped then, and continued 0.3 s later); the byte cap cuts a part; close() stops it and
@@ -350,8 +351,8 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
     import signal
     import threading
     import shutil as sh
-    from lab import netns
-    from lab.localmachine import LocalMachine
+    from rdmalab.machines import netns
+    from rdmalab.machines.localmachine import LocalMachine
     if os.geteuid() != 0 or not sh.which("tcpdump") or not sh.which("ip"):
         pytest.skip("needs root, ip and tcpdump (Debian's tcpdump) to capture on a bridge")
     br = f"rlev{os.getpid() % 10000}"

@@ -1,4 +1,4 @@
-"""The findings registry (bindings/rdmalab/findings.toml): it validates, malformed entries are
+"""The findings registry (bindings/rdmalab/findings/findings.toml): it validates, malformed entries are
 refused naming the entry and field, the scenarios' @finding markers and the registry name each
 other, README's table is the generated one, and the plugin applies the entries."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rdmalab import findings
+from rdmalab.findings import registry as findings
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "tests" / "scenarios"
@@ -184,7 +184,7 @@ def test_readme_block_is_rewritten_in_place():
 
 # -- the plugin
 
-PLUGIN = ("-p", "rdmalab.pytest_plugin")
+PLUGIN = ("-p", "rdmalab.run.pytest_plugin")
 
 REGISTRY = """
 ["roce-divergence"]
@@ -233,7 +233,7 @@ def test_plugin_xfails_a_divergence_and_records_a_provider_fact(pytester):
     assert '<property name="finding" value="roce-divergence"' in junit
     assert '<property name="outcome" value="finding"' in junit
     assert junit.count('name="provider_fact" value="roce-fact"') == 1  # model-roce only
-    from rdmalab import report
+    from rdmalab.report import junit as report
     table = report.format_table(report.read_junit(str(pytester.path / "j.xml")),
                                 registry=findings.load(pytester.path / "reg.toml"))
     assert "roce-divergence [model-roce] (unclassified): test_gen::test_diverges" in table
@@ -266,7 +266,7 @@ def test_plugin_refuses_the_old_form_and_unknown_ids(pytester):
 
 def test_since_and_fixed_bound_the_kernels_an_entry_applies_to():
     """kernels.since / kernels.fixed: the entry applies on [since, fixed) only."""
-    from rdmalab import findings
+    from rdmalab.findings import registry as findings
     e = findings.default().get("rxe-local-send-error-kills-qp1")
     assert e.since_in == (6, 12) and e.fixed_in is None
     assert not e.applies_to("rxe", "6.1.0-56-amd64")

@@ -1,5 +1,5 @@
-"""OUT/report.html: the ladder layout of small synthetic histories (rdmalab.ladder), the page's
-DOM contract (rdmalab.html_report), `report OUT` rebuilding it and clear errors for bad input."""
+"""OUT/report.html: the ladder layout of small synthetic histories (rdmalab.report.ladder), the page's
+DOM contract (rdmalab.report.html), `report OUT` rebuilding it and clear errors for bad input."""
 
 import html.parser
 import json
@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rdmalab import html_report, ladder
+from rdmalab.report import html as html_report, ladder
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
 S = 1_000_000_000

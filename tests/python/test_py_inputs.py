@@ -1,4 +1,4 @@
-"""rdmalab.inputs and the commands' bad-input path: every refusal is one line naming the value,
+"""rdmalab.run.inputs and the commands' bad-input path: every refusal is one line naming the value,
 exit status 2, no traceback, and nothing run (issue 26)."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rdmalab import cli, inputs
-from rdmalab.inputs import BadInput
+from rdmalab.run import cli, inputs
+from rdmalab.run.inputs import BadInput
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
 SCHEDULES = BINDINGS.parent / "tests" / "swarm" / "schedules"

@@ -1,4 +1,4 @@
-"""Inventory (lab.inventory), SSH machines (lab.sshmachine) and host checks (lab.hostcheck).
+"""Inventory (rdmalab.machines.inventory), SSH machines (rdmalab.machines.sshmachine) and host checks (rdmalab.machines.hostcheck).
 
 The inventory tests check every refusal with its line and field. The machine tests run
 against a real OpenSSH server: a private /usr/sbin/sshd on 127.0.0.1 started here with its own
@@ -16,14 +16,12 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from lab import hostcheck  # noqa: E402
-from lab.inventory import InventoryError, dumps, load  # noqa: E402
-from lab.machine import (HostFacts, Machine, MachineError, MachineUnreachable,  # noqa: E402
-                         PowerNotSupported, Result)
-from lab.sshmachine import HostKeyError, SshMachine, inventory_machines  # noqa: E402
+from rdmalab.machines import hostcheck
+from rdmalab.machines.inventory import InventoryError, dumps, load
+from rdmalab.machines.machine import (HostFacts, Machine, MachineError, MachineUnreachable,
+                                      PowerNotSupported, Result)
+from rdmalab.machines.sshmachine import HostKeyError, SshMachine, inventory_machines
 
 BASE = """\
 [lab]
@@ -387,7 +385,7 @@ def test_commands_share_one_master_connection(tmp_path, sshd):
 
 
 def test_a_lost_master_is_replaced_and_commands_go_on(tmp_path, sshd, monkeypatch):
-    monkeypatch.setattr("lab.sshmachine.MASTER_RETRY_S", 0.0)
+    monkeypatch.setattr("rdmalab.machines.sshmachine.MASTER_RETRY_S", 0.0)
     m = machine(tmp_path, sshd)
     m.run("true")
     first = m._master
@@ -521,9 +519,9 @@ def test_unreachable(tmp_path, sshd):
 
 
 def test_unreachable_lists_each_host_and_why_within_the_deadline(tmp_path, sshd):
-    """lab.sshmachine.unreachable: every host tried once, at once; the plugin refuses an
+    """rdmalab.machines.sshmachine.unreachable: every host tried once, at once; the plugin refuses an
     inventory with such hosts before any scenario (test_py_plugin)."""
-    from lab.sshmachine import unreachable
+    from rdmalab.machines.sshmachine import unreachable
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     changed = tmp_path / "changed_known_hosts"

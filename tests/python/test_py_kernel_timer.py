@@ -1,12 +1,13 @@
 """The kernel timer wheel as cm_timing predicts it (rdmalab/kernel_timer.h, bound in _core),
-and the host's HZ probe (rdmalab.kernel)."""
+and the host's HZ probe (rdmalab.findings.kernel)."""
 
 import gzip
 
 import pytest
 
-from rdmalab import kernel, model_lab, ms, sec
-from rdmalab.cm_timing import IbCmTiming, kernel_timer_range_ns, late_bound_ns
+from rdmalab.findings import kernel
+from rdmalab import model_lab, ms, sec
+from rdmalab.api.cm_timing import IbCmTiming, kernel_timer_range_ns, late_bound_ns
 
 
 def test_dreq_give_up_at_250_hz_is_102_144_to_102_4_s():
@@ -55,7 +56,7 @@ def test_the_wheel_is_the_models_clock():
     """The model's TIMEWAIT (2048 ms) ends where cm_timing's range says, not at 2048 ms."""
     lab = model_lab(hosts=("a", "b"), personality="roce")
     try:
-        from rdmalab.resources import CmPair
+        from rdmalab.api.resources import CmPair
         pair = CmPair(lab)
         t = IbCmTiming.for_caps(lab.host("a").caps())
         pair.client.conn.disconnect()
@@ -73,7 +74,7 @@ def test_the_wheel_is_the_models_clock():
 def test_syn_give_up_runs_on_the_wheel():
     """7 RTOs of 1..64 s at HZ=250: 127 s plus each one's bucket (8, 8, 64, 64, 64, 512, 512
     jiffies), so the call returns 127-131.928 s after it was made (siw measured 129.95 s)."""
-    from rdmalab.cm_timing import tcp_syn_give_up_range_ns
+    from rdmalab.api.cm_timing import tcp_syn_give_up_range_ns
     lo, hi = tcp_syn_give_up_range_ns(6, 250)
     assert lo == sec(127) + 7
     assert hi == sec(127) + ms(4928)
@@ -82,7 +83,7 @@ def test_syn_give_up_runs_on_the_wheel():
 def test_roce_packet_life_time_follows_the_kernel_release():
     """cma.c's CMA_IBOE_PACKET_LIFETIME went from 18 to 16 in 6.2: TIMEWAIT on RoCE is 2048 ms
     on bookworm's 6.1 and 512 ms on trixie's 6.12 and sid's 7.2 (measured on rxe: 543 ms)."""
-    from rdmalab.cm_timing import IbCmTiming, iboe_packet_life_time
+    from rdmalab.api.cm_timing import IbCmTiming, iboe_packet_life_time
 
     assert iboe_packet_life_time("6.1.0-56-amd64") == 18
     assert iboe_packet_life_time("6.12.117+deb13-amd64") == 16

@@ -1,4 +1,4 @@
-"""Kernel logs as an oracle (rdmalab.kernlog): the splat parser on dmesg text as the kernel
+"""Kernel logs as an oracle (rdmalab.findings.kernlog): the splat parser on dmesg text as the kernel
 prints it, /dev/kmsg records, and the findings registry's kernel_log expectations (only on the
 entry's drivers and kernels)."""
 
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from rdmalab import findings, kernlog
+from rdmalab.findings import registry as findings, kernlog
 
 WARN = """\
 [  101.000001] rxe0: qp#17 moved to error state

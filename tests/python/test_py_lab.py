@@ -80,7 +80,7 @@ def test_history_records_and_jsonl(mlab, tmp_path):
 
 def _scripted_run(seed):
     with rdmalab.model_lab(seed=seed) as lab:
-        pair = rdmalab.resources.RCPair(lab)
+        pair = rdmalab.api.resources.RCPair(lab)
         for _ in range(3):
             pair.b.post_recv(length=32)
         for _ in range(3):

@@ -10,8 +10,8 @@ import pytest
 
 import rdmalab
 from rdmalab import checkers, ms, us
-from rdmalab.resources import RCPair
-from rdmalab.stack import Dispatcher, Traffic, drain
+from rdmalab.api.resources import RCPair
+from rdmalab.api.stack import Dispatcher, Traffic, drain
 
 INT64_MAX = 2**63 - 1
 
@@ -193,7 +193,7 @@ def test_a_proxy_of_another_agents_object_gets_the_same_error(lab, monkeypatch):
         def __init__(self, obj):
             self._o = types.SimpleNamespace(label=obj.label, owner=obj._o.owner)
 
-    monkeypatch.setattr(rdmalab.remote, "is_remote",
+    monkeypatch.setattr(rdmalab.agent.remote, "is_remote",
                         lambda o: isinstance(o, types.SimpleNamespace))
     with pytest.raises(rdmalab.Error) as info:
         b.ctx.reg_mr(Proxy(a.pd), 64)
@@ -377,7 +377,7 @@ def test_core_lab_refuses_negative_durations(lab):
 
 @pytest.mark.parametrize("method", ["sleep", "run_for"])
 def test_agent_lab_refuses_negative_durations(method):
-    from rdmalab.agentlab import AgentLab
+    from rdmalab.labs.agent import AgentLab
     lab = object.__new__(AgentLab)  # no pool needed: time passes on the wall clock
     lab.check_errors = lambda: None
     with pytest.raises(rdmalab.Error) as info:
@@ -389,7 +389,7 @@ def test_agent_lab_refuses_negative_durations(method):
 
 
 def test_agent_lab_refuses_a_negative_wait_until_timeout():
-    from rdmalab.agentlab import AgentLab
+    from rdmalab.labs.agent import AgentLab
     lab = object.__new__(AgentLab)
     calls = []
     with pytest.raises(rdmalab.Error) as info:

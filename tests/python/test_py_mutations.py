@@ -1,4 +1,4 @@
-"""The model's planted defects (rdmalab.lab.MUTATIONS), as the swarm's mutation test switches
+"""The model's planted defects (rdmalab.labs.engine.MUTATIONS), as the swarm's mutation test switches
 them on: model_lab(mutations=...) refuses unknown names, the history says a lab is mutated,
 and for each defect a small Python-driven scenario comes out differently on the mutated model
 than on the clean one (so a swarm workload can reach it)."""
@@ -9,9 +9,9 @@ import pytest
 
 import rdmalab
 from rdmalab import Error, Hung, ms, sec
-from rdmalab.lab import MUTATIONS
-from rdmalab.resources import CmPair, Player
-from rdmalab.stack import Dispatcher
+from rdmalab.labs.engine import MUTATIONS
+from rdmalab.api.resources import CmPair, Player
+from rdmalab.api.stack import Dispatcher
 
 
 def lab_with(mutation, on, personality="ib"):

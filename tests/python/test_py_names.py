@@ -5,7 +5,7 @@ import pytest
 import rdmalab
 from rdmalab import _core
 from rdmalab.names import access_flags, parse, parse_gid
-from rdmalab.requests import make_modify, make_send_wr
+from rdmalab.api.requests import make_modify, make_send_wr
 
 
 def test_enum_names_are_the_spec_names():

@@ -1,4 +1,4 @@
-"""lab/netns.py: hosts as network namespaces on this kernel, driven through a LocalMachine.
+"""bindings/rdmalab/machines/netns.py: hosts as network namespaces on this kernel, driven through a LocalMachine.
 
 Without RDMA (rdma="none": this check needs no rxe): the namespaces, their veths and bridge,
 commands, execnet and nftables inside a namespace, power off/on as a crash and a rebuild, the
@@ -9,19 +9,15 @@ and the test run's pid.
 from __future__ import annotations
 
 import os
-import pathlib
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from lab import netns  # noqa: E402
-from lab.localmachine import LocalMachine  # noqa: E402
-from lab.machine import MachineError, MachineUnreachable, Result  # noqa: E402
+from rdmalab.machines import netns
+from rdmalab.machines.localmachine import LocalMachine
+from rdmalab.machines.machine import MachineError, MachineUnreachable, Result
 
 TAG = f"rlt{os.getpid() % 1000}"
 

@@ -1,4 +1,4 @@
-"""Wire rules as nftables rules in the guests (rdmalab.nft): the match expressions for the
+"""Wire rules as nftables rules in the guests (rdmalab.faults.nft): the match expressions for the
 rule language's fields, checked by nft itself (`nft -c`, no kernel table touched)."""
 
 import os
@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from rdmalab import FaultNotSupported, nft
+from rdmalab import FaultNotSupported
+from rdmalab.faults import nft
 
 HOSTS = {"a": "10.0.0.1", "b": "10.0.0.2"}
 

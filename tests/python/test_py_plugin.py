@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rdmalab.pytest_plugin import history_name, parse_lab_option
+from rdmalab.run.pytest_plugin import history_name, parse_lab_option
 
-PLUGIN = ("-p", "rdmalab.pytest_plugin")
+PLUGIN = ("-p", "rdmalab.run.pytest_plugin")
 
 
 def run(pytester, source, *args):
@@ -28,7 +28,7 @@ def test_lab_option_parsing():
         parse_lab_option("model:ibx")
     with pytest.raises(pytest.UsageError, match="unknown lab 'verbs'"):
         parse_lab_option("verbs")
-    # A colon with nothing after it names nothing: refused like `inventory:` (rdmalab.inputs).
+    # A colon with nothing after it names nothing: refused like `inventory:` (rdmalab.run.inputs).
     for text in ("vm:", "netns:", "model:", "inventory:", "model: "):
         with pytest.raises(pytest.UsageError, match="nothing after the colon"):
             parse_lab_option(text)

@@ -1,4 +1,4 @@
-"""rdmalab.progress: long waits say what they wait for and how long is left, one whole line at
+"""rdmalab.run.progress: long waits say what they wait for and how long is left, one whole line at
 a time, never for a short wait, and past pytest's capture. Costs two small pytest
 subprocesses, waits of a second): about 6 s."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rdmalab import progress
+from rdmalab.run import progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -94,19 +94,20 @@ def test_bad_interval_is_refused():
 
 
 def test_vmlab_uses_the_same_module():
-    """lab/vmlab reaches progress without the package when run as python3 -m lab.vmlab, and
-    the package's own module (with pytest's sink) where it is loaded."""
-    from lab.vmlab import kernel
+    """The VM lab's preparation (rdmalab.machines.vmlab) says its waits through this module,
+    and importing it does not load the engine: `make` prepares the VM lab while the engine
+    builds, before rdmalab._core exists."""
+    from rdmalab.machines.vmlab import kernel
 
-    assert kernel.progress() is progress
-    code = ("import sys; from lab.vmlab import kernel; "
-            "assert 'rdmalab' not in sys.modules; "
+    assert kernel.progress is progress
+    code = ("import sys; from rdmalab.machines.vmlab import kernel; "
+            "assert 'rdmalab._core' not in sys.modules, 'the engine was loaded'; "
             "w = kernel.waiting('building x.ko for 6.1', 600, started=__import__('time')"
             ".monotonic() - 30); w.__enter__(); __import__('time').sleep(0.5); w.__exit__(); "
             "kernel.say('fetching linux-image-y from sid')")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env=dict(env, PYTHONPATH=str(ROOT)))
+                       timeout=60, env=dict(env, PYTHONPATH=str(ROOT / "bindings")))
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == ["vmlab: building x.ko for 6.1: 30 s, 570 s left of 600 s",
                                      "vmlab: fetching linux-image-y from sid"], r.stderr
@@ -114,7 +115,7 @@ def test_vmlab_uses_the_same_module():
 
 SCENARIO = """
 import time
-from rdmalab import progress
+from rdmalab.run import progress
 
 def test_long_wait():
     print("captured stdout")
@@ -131,10 +132,10 @@ def test_lines_get_past_pytest_capture(tmp_path, how):
     (tmp_path / "test_w.py").write_text(SCENARIO)
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
     if how == "plugin":
-        argv[3:3] = ["-p", "rdmalab.pytest_plugin"]
+        argv[3:3] = ["-p", "rdmalab.run.pytest_plugin"]
     else:
         (tmp_path / "conftest.py").write_text(
-            "from rdmalab import progress\n"
+            "from rdmalab.run import progress\n"
             "def pytest_configure(config):\n    progress.install_pytest_sink(config)\n")
     r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -167,7 +168,7 @@ def test_forward_sets_the_agents_sink_and_survives_an_agent_without_it(lines):
         host = "b"
 
         def module(self, name):
-            assert name == "rdmalab.progress"
+            assert name == "rdmalab.run.progress"
             return FakeModule()
 
     progress.forward(Agent())
@@ -175,7 +176,7 @@ def test_forward_sets_the_agents_sink_and_survives_an_agent_without_it(lines):
 
     class Old(Agent):
         def module(self, name):
-            raise ImportError("No module named 'rdmalab.progress'")
+            raise ImportError("No module named 'rdmalab.run.progress'")
 
     progress.forward(Old())
     assert lines and "progress lines of b's agent stay there" in lines[-1]

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from rdmalab import cli
-from rdmalab.pytest_plugin import parse_lab_option, parse_lab_options
+from rdmalab.run import cli
+from rdmalab.run.pytest_plugin import parse_lab_option, parse_lab_options
 
 execnet = pytest.importorskip("execnet", reason="python3-execnet is not installed")
 pytest.importorskip("rpyc", reason="python3-rpyc is not installed")
 
-from rdmalab import remote  # noqa: E402
+from rdmalab.agent import remote  # noqa: E402
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def meter_threads(agent) -> int:
 def test_an_agent_keeps_no_thread_or_lab_of_a_scenario_that_ended(agent):
     """One lab per scenario: each new_lab shuts the last one down, whose threads (its stall
     meter's among them) end there, and the agent lets go of it."""
-    tracked = agent.module("rdmalab.agent")._LABS
+    tracked = agent.module("rdmalab.agent.serve")._LABS
     for seed in range(1, 6):
         agent.new_lab(seed, "a", {})
     assert len(tracked) == 1, f"the agent keeps {len(tracked)} labs, not the last one only"
@@ -66,13 +66,13 @@ def test_an_agent_keeps_no_thread_or_lab_of_a_scenario_that_ended(agent):
 def test_value_objects_come_as_copies_and_live_ones_as_proxies(agent):
     """A frozen dataclass of data (a WC) and a list of them cross in one message as copies;
     one that holds a live object (a CmEvent's raw event) stays a proxy to the agent's."""
-    from rdmalab.verbs import WC
-    wc = agent.module("rdmalab.verbs").WC(7, "SUCCESS", "SEND", 0, 64, 0, 5, 0, False)
+    from rdmalab.api.verbs import WC
+    wc = agent.module("rdmalab.api.verbs").WC(7, "SUCCESS", "SEND", 0, 64, 0, 5, 0, False)
     assert type(wc) is WC and not remote.is_remote(wc)
     assert (wc.wr_id, wc.status, wc.qp_num) == (7, "SUCCESS", 5)
     wcs = agent.module("builtins").list([wc, wc])
     assert type(wcs) is list and [type(w) for w in wcs] == [WC, WC]
-    live = agent.module("rdmalab.cm").CmEvent("ESTABLISHED", 0, 1, 0, b"", 1, 0,
+    live = agent.module("rdmalab.api.cm").CmEvent("ESTABLISHED", 0, 1, 0, b"", 1, 0,
                                                agent.module("threading").Lock())
     assert remote.is_remote(live) and live.event == "ESTABLISHED"
 
@@ -182,7 +182,8 @@ def test_callbacks_run_in_the_controller(agent):
 
 
 def test_endpoint_values_round_trip():
-    from rdmalab import _core, stack
+    from rdmalab import _core
+    from rdmalab.api import stack
     ep = _core.Endpoint()
     ep.qp_num, ep.psn, ep.lid, ep.port_num = 17, 0x100, 3, 1
     values = stack.endpoint_values(ep)
@@ -192,7 +193,7 @@ def test_endpoint_values_round_trip():
 
 
 def test_vm_lab_option_parsing(monkeypatch):
-    import rdmalab.agentlab as vm
+    import rdmalab.labs.agent as vm
     monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
     assert [s.id for s in parse_lab_option("vm")] == ["vm-rxe"]
     assert [s.id for s in parse_lab_option("vm:rxe,siw")] == ["vm-rxe", "vm-siw"]
@@ -206,7 +207,7 @@ def test_vm_lab_option_parsing(monkeypatch):
 
 
 def test_cli_falls_back_to_the_model_saying_why(monkeypatch, capsys):
-    import rdmalab.agentlab as vm
+    import rdmalab.labs.agent as vm
     monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
     assert cli.usable_labs(["model:roce", "vm:rxe"]) == ["model:roce"]
     assert cli.usable_labs(["vm:siw"]) == ["model:iwarp-siw"]

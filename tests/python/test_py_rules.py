@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 import rdmalab
-from rdmalab import FaultNotSupported, _core, evidence, ms, sec
-from rdmalab.fabric import SwitchControl, SwitchError
-from rdmalab.resources import CmPair, RCPair
+from rdmalab import FaultNotSupported, _core, ms, sec
+from rdmalab.report import evidence
+from rdmalab.faults.fabric import SwitchControl, SwitchError
+from rdmalab.api.resources import CmPair, RCPair
 
 from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
 
@@ -150,7 +151,7 @@ class SwitchLab:
 
 
 def test_the_vm_lab_takes_the_same_rule_object_and_checks_it_first(switch):
-    from rdmalab.agentlab import AgentFaults
+    from rdmalab.labs.agent import AgentFaults
     control, send = switch
     faults = AgentFaults(SwitchLab(control.path))
     spec = {"action": "watch", "cm": "REQ", "transport": "UD"}
@@ -382,7 +383,7 @@ def _rec(n, kind, **data):
 
 
 def test_holds_released_checks_each_hold_once():
-    from rdmalab import checks
+    from rdmalab.run import checks
     ok = [_rec(0, "switch_reorder", seq=5), _rec(1, "switch_delay", seq=6),
           _rec(2, "switch_release", of_seq=6), _rec(3, "switch_release", of_seq=5)]
     assert checks.holds_released(ok)
@@ -397,7 +398,7 @@ def test_holds_released_checks_each_hold_once():
 
 
 def test_holds_released_on_a_model_history():
-    from rdmalab import checks
+    from rdmalab.run import checks
     with ib_lab() as lab:
         reorder_run(lab)
         res = checks.holds_released(lab.history())

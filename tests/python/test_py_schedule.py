@@ -431,7 +431,7 @@ def test_the_device_path_fails_a_missed_moment_and_writes_its_signature(tmp_path
     env = {"PYTHONPATH": str(bindings), "PATH": "/usr/bin:/bin",
            "RDMALAB_SCHEDULES": str(listing), "RDMALAB_SCHEDULE_OUT": str(tmp_path / "out")}
     scenario = bindings / "rdmalab" / "schedules" / "scenario.py"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", "-q",
                         "-p", "no:cacheprovider", str(scenario), "--lab", "model:roce"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "1 failed" in p.stdout, p.stdout + p.stderr

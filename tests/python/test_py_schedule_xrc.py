@@ -6,7 +6,7 @@ import pytest
 from rdmalab import checkers, ms
 from rdmalab.checkers import xrc
 from rdmalab.checkers.base import Context
-from rdmalab.lab import model_lab
+from rdmalab.labs.engine import model_lab
 from rdmalab.schedules import Runner, Schedule, ScheduleError, swarm
 
 OPEN = {"op": "xrc_open", "xrc": "x0", "host": "b", "creator": "creator",

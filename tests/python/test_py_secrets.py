@@ -1,5 +1,5 @@
 """No secrets (README "Running on your own machines", issue 26): a value refused as a secret,
-or any field whose name says it is one (rdmalab.inputs.is_secret_name), is never echoed: not
+or any field whose name says it is one (rdmalab.run.inputs.is_secret_name), is never echoed: not
 in a message, a traceback's locals, a history, JUnit, the report, an evidence bundle or a log.
 
 Each test plants a fresh random secret and looks for it everywhere the refusal could have put
@@ -17,10 +17,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINDINGS = ROOT / "bindings"
-sys.path.insert(0, str(ROOT))
 
-from lab import inventory  # noqa: E402
-from lab.inventory import InventoryError, load  # noqa: E402
+from rdmalab.machines import inventory
+from rdmalab.machines.inventory import InventoryError, load
 
 # A valid inventory: vm1 writes ssh and power as inline tables, vm2 ssh as dotted keys.
 BASE = """\
@@ -202,8 +201,8 @@ def test_a_secret_beside_other_errors_is_still_not_shown(invdir):
 
 
 def test_the_secret_rule_is_inputs_rule():
-    """The rule (one home, lab.inventory; rdmalab.inputs asks it) on names a user writes."""
-    from rdmalab import inputs
+    """The rule (one home, rdmalab.machines.inventory; rdmalab.run.inputs asks it) on names a user writes."""
+    from rdmalab.run import inputs
     secret = ["password", "passwd", "Passphrase", "pass", "PASS", "secret", "client_secret",
               "api_token", "tokens", "sudo_password", "ipmi_passwd"]
     plain = ["passive", "address", "user", "port", "identity", "host_key_alias", "on", "off",
@@ -216,8 +215,8 @@ def test_the_secret_rule_is_inputs_rule():
 
 
 def test_inputs_refuses_without_showing_it(invdir):
-    """rdmalab.inputs (every command and the plugin read inventories through it)."""
-    from rdmalab import inputs
+    """rdmalab.run.inputs (every command and the plugin read inventories through it)."""
+    from rdmalab.run import inputs
     text, secret, line, _ = plant("ssh inline")
     p = invdir / "inv.toml"
     p.write_text(text)
@@ -274,7 +273,7 @@ def plugin_run(out: pathlib.Path, lab: str, *extra: str) -> subprocess.Completed
     tests = out / "scenarios" / "test_tiny.py"
     tests.parent.mkdir(exist_ok=True)
     tests.write_text(SCENARIOS)
-    argv = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", str(tests),
+    argv = [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", str(tests),
             "--lab", lab, "--junitxml", str(out / "junit.xml"), "-o", "junit_logging=all",
             "--history-dir", str(out / "history"), "--evidence-dir", str(out / "evidence"),
             "--rootdir", str(out), "-o", f"cache_dir={out / 'cache'}", *extra]
@@ -287,7 +286,7 @@ def check_run_output(out: pathlib.Path, r, secret: str) -> None:
     assert secret not in text, text
     junit = out / "junit.xml"
     if junit.exists():  # a run that got that far: its report is one more output
-        from rdmalab import html_report
+        from rdmalab.report import html as html_report
         try:
             html_report.write(out, junit)
         except Exception as e:  # noqa: BLE001 - a page that cannot be built shows nothing
@@ -322,7 +321,7 @@ def test_pytest_run_with_a_secret_elsewhere(invdir, tmp_path, place):
 
 
 def test_rdmalab_run_with_a_secret_in_the_inventory(invdir, tmp_path):
-    """`rdmalab run` checks the lab before pytest starts (cli.py, rdmalab.inputs): exit 2,
+    """`rdmalab run` checks the lab before pytest starts (cli.py, rdmalab.run.inputs): exit 2,
     one line naming the file, the line and the field; nothing written shows the secret."""
     text, secret, line, _ = plant("ssh inline")
     p = invdir / "that.toml"

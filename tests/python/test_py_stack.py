@@ -6,8 +6,8 @@ import pytest
 
 import rdmalab
 from rdmalab import ms, us
-from rdmalab.resources import RCPair, XrcPair
-from rdmalab.stack import Dispatcher
+from rdmalab.api.resources import RCPair, XrcPair
+from rdmalab.api.stack import Dispatcher
 
 
 @pytest.fixture

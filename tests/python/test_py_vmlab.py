@@ -1,5 +1,5 @@
 """The soft-RoCE VM lab's parts that need no VM: initrd archive, module order, switch,
-qemu command line, guest agent. Booting is covered by `python3 -m lab.vmlab selftest`
+qemu command line, guest agent. Booting is covered by `python3 -m rdmalab.machines.vmlab selftest`
 (and by test_boot_two_vms_rxe below when VMLAB_BOOT=1)."""
 
 import os
@@ -13,10 +13,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from lab.vmlab import agent, initrd, kernel, pcap, switch  # noqa: E402
-from lab.vmlab.vm import Vm, VmSpec  # noqa: E402
+from rdmalab.machines.vmlab import agent, initrd, kernel, pcap, switch
+from rdmalab.machines.vmlab.vm import Vm, VmSpec
 
 DEADLINE_S = 10.0
 
@@ -117,7 +116,7 @@ def test_switch_process_carries_frames_and_survives_dead_peers_and_junk(tmp_path
     sw_path, a_path, b_path = tmp_path / "sw.sock", tmp_path / "a.sock", tmp_path / "b.sock"
     dead = tmp_path / "dead.sock"
     _bound(dead).close()  # exists but nobody reads: sendto gets ECONNREFUSED
-    argv = [sys.executable, "-m", "lab.vmlab.switch", "--sock", str(sw_path),
+    argv = [sys.executable, "-m", "rdmalab.machines.vmlab.switch", "--sock", str(sw_path),
             "--peer", str(a_path), "--peer", str(b_path), "--peer", str(dead),
             "--peer", str(tmp_path / "never.sock"), "--pcap", str(tmp_path / "f.pcap")]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -221,7 +220,7 @@ def test_two_vms_get_distinct_macs_sockets_and_ports(tmp_path):
 
 
 def test_init_reads_only_settings_the_command_line_gives(tmp_path):
-    init = (ROOT / "lab/vmlab/init.sh").read_text()
+    init = (ROOT / "bindings/rdmalab/machines/vmlab/init.sh").read_text()
     append = _vm(tmp_path).argv()[_vm(tmp_path).argv().index("-append") + 1]
     wanted = set(re.findall(r"\$\(arg (\w+)\)", init))
     given = set(re.findall(r"vmlab\.(\w+)=", append))
@@ -230,7 +229,7 @@ def test_init_reads_only_settings_the_command_line_gives(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("busybox"), reason="busybox-static not installed")
 def test_init_script_parses_under_busybox_sh():
-    r = subprocess.run(["busybox", "sh", "-n", str(ROOT / "lab/vmlab/init.sh")],
+    r = subprocess.run(["busybox", "sh", "-n", str(ROOT / "bindings/rdmalab/machines/vmlab/init.sh")],
                        capture_output=True, text=True, timeout=DEADLINE_S)
     assert r.returncode == 0, r.stderr
 
@@ -245,7 +244,7 @@ def test_agent_runs_commands_and_enforces_the_timeout():
 
 def test_controller_talks_to_agent_over_tcp(tmp_path):
     vm = _vm(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-S", "-E", str(ROOT / "lab/vmlab/agent.py"),
+    proc = subprocess.Popen([sys.executable, "-S", "-E", str(ROOT / "bindings/rdmalab/machines/vmlab/agent.py"),
                              "--bind", "127.0.0.1", "--port", str(vm.port)],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -261,7 +260,7 @@ def test_controller_talks_to_agent_over_tcp(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("VMLAB_BOOT") != "1", reason="boots VMs: set VMLAB_BOOT=1")
 def test_boot_two_vms_rxe_rping_and_pingpong():
-    from lab.vmlab import selftest
+    from rdmalab.machines.vmlab import selftest
     report = selftest.run_provider("rxe", lambda _: None)
     assert report["rping"]["pings"] == selftest.RPING_COUNT
     assert report["rc_pingpong"]["iters"] == selftest.PINGPONG_ITERS
@@ -280,7 +279,7 @@ def _pids_mentioning(text: str) -> list[int]:
 
 
 def test_sysctls_reach_the_command_line_and_bad_ones_are_refused(tmp_path):
-    from lab.vmlab.vm import VmError, VmSpec, parse_sysctl
+    from rdmalab.machines.vmlab.vm import VmError, VmSpec, parse_sysctl
     vm = Vm(VmSpec(1, sysctl=parse_sysctl("net.ipv4.tcp_syn_retries=2, vm.x=1")),
                   tmp_path, tmp_path / "sw.sock", tmp_path / "vmlinuz", tmp_path / "initrd")
     append = vm.argv()[vm.argv().index("-append") + 1]
@@ -326,7 +325,7 @@ def test_a_boot_whose_init_prints_nothing_is_killed_and_booted_once_more(tmp_pat
     """The first boot's console stays empty (a kernel hung in early boot): after SILENT_BOOT_S
     the guest is killed and booted again; the second boot is ready, the first's log is kept,
     and stderr says so. A second silent boot is not retried: it runs into the deadline."""
-    from lab.vmlab import vm as vm_mod
+    from rdmalab.machines.vmlab import vm as vm_mod
     vm = _vm(tmp_path)
     boots = tmp_path / "boots"
     guest = ("import pathlib, sys, time\n"

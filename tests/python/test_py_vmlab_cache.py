@@ -1,4 +1,4 @@
-"""The VM lab's artifact cache (lab/vmlab/cache.py, kernel.py, initrd.py): where it lives,
+"""The VM lab's artifact cache (bindings/rdmalab/machines/vmlab/cache.py, kernel.py, initrd.py): where it lives,
 what names an artifact, and that nothing cut short, changed or stale is used again.
 
 Debian is faked: kernel._run answers apt-cache, apt-get download, dpkg -x, modinfo and make
@@ -19,9 +19,8 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from lab.vmlab import cache, initrd, kernel, ssh, up  # noqa: E402
+from rdmalab.machines.vmlab import cache, initrd, kernel, ssh, up
 
 REL = "6.1.0-99-amd64"
 VERSION = "6.1.999-1"
@@ -163,12 +162,12 @@ def test_default_homes_honour_xdg_cache_home_and_vmlab_cache(tmp_path):
     both = {"HOME": str(home), "XDG_CACHE_HOME": str(xdg), "VMLAB_CACHE": str(own)}
     assert cache.artifact_home(both) == cache.state_home(repo, both) == own
     # The module's own homes, as a fresh process computes them from its environment.
-    code = "from lab.vmlab import kernel; print(kernel.CACHE); print(kernel.STATE)"
+    code = "from rdmalab.machines.vmlab import kernel; print(kernel.CACHE); print(kernel.STATE)"
     env = {k: v for k, v in os.environ.items() if k != "VMLAB_CACHE"}
     for extra, want in (({"XDG_CACHE_HOME": str(tmp_path)}, tmp_path / "rdmalab" / "vmlab"),
                         ({"VMLAB_CACHE": str(tmp_path / "v")}, tmp_path / "v")):
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=60,
-                           capture_output=True, env=dict(env, PYTHONPATH=str(ROOT), **extra))
+                           capture_output=True, env=dict(env, PYTHONPATH=str(ROOT / "bindings"), **extra))
         assert r.returncode == 0, r.stderr
         got_cache, got_state = r.stdout.split()
         assert pathlib.Path(got_cache) == want

@@ -1,4 +1,4 @@
-"""`python3 -m lab.vmlab up/power/down`: VM guests as machines reached by SSH alone.
+"""`python3 -m rdmalab.machines.vmlab up/power/down`: VM guests as machines reached by SSH alone.
 
 Boots two rxe guests through `up` (they must not see this checkout), reaches them only with
 plain ssh and the inventory it wrote, power-cycles one through the inventory's own power
@@ -16,12 +16,11 @@ import tomllib
 
 import pytest
 
-from rdmalab.agentlab import qemu_unavailable
+from rdmalab.labs.agent import qemu_unavailable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from lab import inventory as inventory_mod  # noqa: E402
-from lab.vmlab import up as up_mod  # noqa: E402
+from rdmalab.machines import inventory as inventory_mod
+from rdmalab.machines.vmlab import up as up_mod
 
 _WHY = qemu_unavailable()
 # make test-vm runs up/power/down on the guests it boots anyway (tests/vm); this whole-cycle
@@ -32,7 +31,7 @@ pytestmark = [
 
 
 def _vmlab(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab.vmlab", *args], cwd=ROOT, text=True,
+    return subprocess.run([sys.executable, "-m", "rdmalab.machines.vmlab", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -5,8 +5,8 @@ a device that does not raise it skips with that reason."""
 import pytest
 
 from rdmalab import Hung, ms, sec
-from rdmalab.resources import RCPair
-from rdmalab.stack import Dispatcher
+from rdmalab.api.resources import RCPair
+from rdmalab.api.stack import Dispatcher
 
 
 class Events:
@@ -109,7 +109,7 @@ def test_first_packet_in_rtr_raises_comm_est(lab):
     """A responder still in RTR that receives its first packet raises COMM_EST (the event
     the IB CM uses for USER_ESTABLISHED when data beats the RTU)."""
     pair = RCPair(lab, connect=False)
-    from rdmalab.stack import bring_up
+    from rdmalab.api.stack import bring_up
     ep_a, ep_b = pair.a.endpoint, pair.b.endpoint
     bring_up(pair.a.qp, ep_a, ep_b)
     # b only to RTR: walk it by hand.

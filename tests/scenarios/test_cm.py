@@ -1,19 +1,19 @@
 """Connection management (semantics.md A, B, F; seeds 001 and 004) through rdma_cm.
 
 Every scenario asserts the event sequence of each id and, where the protocol has timers, the
-time bound computed from the kernel's formulas (rdmalab.cm_timing)."""
+time bound computed from the kernel's formulas (rdmalab.api.cm_timing)."""
 
 import threading
 import time
 
 import pytest
 
-from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, checks, ms, sec
-from rdmalab.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, early_bound_ns,
-                                late_bound_ns, late_span_bound_ns, stood_still,
-                                tcp_syn_give_up_range_ns)
-from rdmalab.findings import release_version
-from rdmalab.resources import CmPair
+from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, ms, sec
+from rdmalab.run import checks
+from rdmalab.api.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, early_bound_ns, late_bound_ns,
+                                   late_span_bound_ns, stood_still, tcp_syn_give_up_range_ns)
+from rdmalab.findings.registry import release_version
+from rdmalab.api.resources import CmPair
 
 IB_FAMILY = ["IB", "RoCE"]
 
@@ -178,7 +178,7 @@ def test_every_drep_dropped(lab):
     side sees DISCONNECTED(-ETIMEDOUT) after the retry budget, then TIMEWAIT_EXIT; the peer
     sees DISCONNECTED at once. The times are the kernel's: each 6144 ms timeout runs at the end
     of a 64-jiffy bucket of the timer wheel (HZ=250), so the DREQs go 6400 ms apart and the
-    16th times out 102.144-102.4 s after rdma_disconnect (rdmalab.cm_timing)."""
+    16th times out 102.144-102.4 s after rdma_disconnect (rdmalab.api.cm_timing)."""
     timing = IbCmTiming.for_caps(lab.host("a").caps())
     pair = CmPair(lab)
     client, server = pair.client.conn, pair.server.conn

@@ -17,8 +17,8 @@ import errno
 import pytest
 
 from rdmalab import Error, ms
-from rdmalab.cm_timing import WAIT_PAST_BOUND_NS, late_span_bound_ns, stood_still
-from rdmalab.resources import CmPair
+from rdmalab.api.cm_timing import WAIT_PAST_BOUND_NS, late_span_bound_ns, stood_still
+from rdmalab.api.resources import CmPair
 
 
 def names(conn):

@@ -7,8 +7,8 @@ model's roce personality, which stands in for rxe, does the same: both are the f
 import pytest
 
 from rdmalab import ms, sec
-from rdmalab.cm_timing import stalled_ns
-from rdmalab.resources import RCPair
+from rdmalab.api.cm_timing import stalled_ns
+from rdmalab.api.resources import RCPair
 
 TIMEOUT = 10                           # 4.096 us x 2^10 = 4.2 ms per try
 TRY_NS = 4096 * 2**TIMEOUT

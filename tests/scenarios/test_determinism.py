@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rdmalab import ms, sec
-from rdmalab.resources import RCPair
-from rdmalab.stack import Dispatcher
+from rdmalab.api.resources import RCPair
+from rdmalab.api.stack import Dispatcher
 
 LOSSY = {"loss_ppm": 20000, "jitter_ns": 3000}  # 2% loss and jitter: the seed decides a lot
 

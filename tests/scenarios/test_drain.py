@@ -9,8 +9,8 @@ ERR are flushed, counting where they are refused (user-space libcxgb4).
 import pytest
 
 from rdmalab import SRQ_OCCUPANCY, ms, sec
-from rdmalab.cm_timing import late_bound_ns, stood_still
-from rdmalab.resources import RCPair
+from rdmalab.api.cm_timing import late_bound_ns, stood_still
+from rdmalab.api.resources import RCPair
 
 N = 128                 # WRs posted on each queue
 DRAIN_BOUND_NS = ms(100)  # a drain is local work: flushes, no wire round trips
@@ -173,7 +173,7 @@ def test_both_sides_drain_after_traffic(lab):
 def test_drain_srq_attached_qp(lab):
     """ib_drain_qp drains only the SQ of an SRQ-attached QP; the RQ side ends with
     QP_LAST_WQE_REACHED where the device raises it (rxe raises none: the drain says so)."""
-    from rdmalab.stack import Dispatcher
+    from rdmalab.api.stack import Dispatcher
 
     pair = RCPair(lab, srq=True, max_send_wr=N + 1, max_recv_wr=N + 1, cqe=4 * N)
     caps = pair.b.ctx.caps
@@ -247,7 +247,7 @@ def test_iwarp_send_without_receive_terminates(lab):
     the responder TERMINATEs (siw_proc_send -> DDP_ECODE_UT_INVALID_MSN_NOBUF), both QPs go to
     ERROR and both ids get DISCONNECTED. SENDs posted afterwards must complete with
     WR_FLUSH_ERR (a post to a QP in ERROR is flushed)."""
-    from rdmalab.resources import CmPair
+    from rdmalab.api.resources import CmPair
 
     pair = CmPair(lab)
     client, server = pair.client, pair.server

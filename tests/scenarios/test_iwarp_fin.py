@@ -16,8 +16,8 @@ is the provider's (caps.iw_close_timeout_s):
 import pytest
 
 from rdmalab import ms, sec
-from rdmalab.cm_timing import WAIT_PAST_BOUND_NS, late_span_bound_ns, stood_still
-from rdmalab.resources import CmPair
+from rdmalab.api.cm_timing import WAIT_PAST_BOUND_NS, late_span_bound_ns, stood_still
+from rdmalab.api.resources import CmPair
 
 PEER_IDLE_BOUND_NS = sec(5)   # siw: how long the idle peer is watched for a close it never hears
 

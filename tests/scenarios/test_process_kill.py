@@ -16,9 +16,9 @@ own account (`rdma res show`) must drop to nothing for its pid.
 import pytest
 
 from rdmalab import Error, ms, sec
-from rdmalab.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, late_bound_ns,
-                                late_span_bound_ns, stood_still)
-from rdmalab.resources import CmPair
+from rdmalab.api.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, late_bound_ns,
+                                   late_span_bound_ns, stood_still)
+from rdmalab.api.resources import CmPair
 
 
 def names(conn):

@@ -8,9 +8,10 @@ again (mana) never receives the old QP's event.
 
 import pytest
 
-from rdmalab import checks, ms, sec
-from rdmalab.resources import Player
-from rdmalab.stack import Dispatcher
+from rdmalab.run import checks
+from rdmalab import ms, sec
+from rdmalab.api.resources import Player
+from rdmalab.api.stack import Dispatcher
 
 pytestmark = pytest.mark.requires(event="QP_FATAL")
 

@@ -10,9 +10,10 @@ action (its QP_FATAL scenarios inject the event instead: test_qp_fatal_destroy).
 
 import pytest
 
-from rdmalab import checks, ms, sec
-from rdmalab.resources import RCPair
-from rdmalab.stack import Dispatcher
+from rdmalab.run import checks
+from rdmalab import ms, sec
+from rdmalab.api.resources import RCPair
+from rdmalab.api.stack import Dispatcher
 
 pytestmark = pytest.mark.requires(transport="iWARP", event="QP_FATAL")
 

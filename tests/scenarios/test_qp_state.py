@@ -4,7 +4,7 @@ states). Other scenarios check a QP's state only where the device reports it
 
 import pytest
 
-from rdmalab.resources import RCPair
+from rdmalab.api.resources import RCPair
 
 
 @pytest.mark.finding("siw-query-qp-reports-no-state")

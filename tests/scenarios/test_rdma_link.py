@@ -11,7 +11,7 @@ cannot disassociate user contexts)."""
 import pytest
 
 from rdmalab import Error, sec
-from rdmalab.resources import CmPair
+from rdmalab.api.resources import CmPair
 
 
 def test_rdma_link_delete_then_add(lab):

@@ -5,8 +5,9 @@ lands once and in order. iWARP runs over TCP, which hides reordering from the RD
 
 import pytest
 
-from rdmalab import checks, sec
-from rdmalab.resources import RCPair
+from rdmalab.run import checks
+from rdmalab import sec
+from rdmalab.api.resources import RCPair
 
 # The reorder rule holds the first SEND until the next frame of its flow (a's packets to b's
 # QP) has passed, or until hold_ns (faults/rules.h; the model's fabric does the same). The gap

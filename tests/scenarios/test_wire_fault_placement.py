@@ -7,7 +7,7 @@ a box on the path can apply it."""
 import pytest
 
 from rdmalab import WIRE_PLACEMENT, FaultNotSupported, ms, sec
-from rdmalab.resources import RCPair
+from rdmalab.api.resources import RCPair
 
 N = 16
 

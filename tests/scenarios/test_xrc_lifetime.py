@@ -13,9 +13,9 @@ reference). A device whose rule is unknown (a real one) reports which rule it sh
 import pytest
 
 from rdmalab import Error, ms, sec
-from rdmalab.cm_timing import late_span_bound_ns, stood_still
-from rdmalab.resources import XrcSender
-from rdmalab.stack import Traffic, bring_up, endpoint_values, local_endpoint
+from rdmalab.api.cm_timing import late_span_bound_ns, stood_still
+from rdmalab.api.resources import XrcSender
+from rdmalab.api.stack import Traffic, bring_up, endpoint_values, local_endpoint
 
 pytestmark = pytest.mark.requires("xrc")
 

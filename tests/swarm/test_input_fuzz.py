@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from rdmalab import cli, inputs
+from rdmalab.run import cli, inputs
 from rdmalab.errors import FaultNotSupported
-from rdmalab.lab import MUTATIONS, model_lab, personalities
+from rdmalab.labs.engine import MUTATIONS, model_lab, personalities
 from rdmalab.schedules import Schedule, ScheduleError, swarm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_mutated_schedules(tmp_path):
 # ---- inventories -----------------------------------------------------------------------------
 
 def draw_inventory(rng: random.Random, d: Path) -> dict:
-    """A valid inventory as plain dicts (lab.inventory.dumps writes it)."""
+    """A valid inventory as plain dicts (rdmalab.machines.inventory.dumps writes it)."""
     (d / "known_hosts").touch()
     (d / "id").touch()
     hosts = []
@@ -216,7 +216,7 @@ def draw_inventory(rng: random.Random, d: Path) -> dict:
 def test_mutated_inventories(tmp_path):
     """Mutated inventories (as data and as text): inputs.inventory accepts each or raises
     BadInput naming the file; a planted secret is never in the message."""
-    from lab.inventory import dumps
+    from rdmalab.machines.inventory import dumps
     rng, out = random.Random(SEED + 1), out_dir(tmp_path)
     refused = 0
     for n in range(N_INVENTORIES):
@@ -314,7 +314,7 @@ def draw_argv(rng: random.Random, d: Path) -> list[str]:
     elif cmd == "report":
         argv = ["report", pick(str(d / "nosuch"), str(d))]
     elif cmd == "findings":
-        argv = ["findings", "--registry", pick(str(REPO / "bindings/rdmalab/findings.toml"),
+        argv = ["findings", "--registry", pick(str(REPO / "bindings/rdmalab/findings/findings.toml"),
                                                str(bad_inv))]
     elif cmd == "matrix":  # as it is: a lost --table-only would run the VM lab
         return ["matrix", "--table-only", "--out", pick(str(d / "m")),

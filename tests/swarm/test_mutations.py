@@ -5,7 +5,7 @@ still fail the same way, and the same small schedule passes on the model without
 (so what the checkers caught is the defect, not the workload)."""
 import pytest
 
-from rdmalab.lab import MUTATIONS
+from rdmalab.labs.engine import MUTATIONS
 from rdmalab.schedules import shrink, swarm
 
 MAX_SEEDS = 3000

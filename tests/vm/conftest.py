@@ -1,5 +1,5 @@
 """The inventory the tests under tests/vm run against: RDMALAB_INVENTORY names one already up
-(`python3 -m lab.vmlab up`, as make test-vm-rxe does); without it each test boots two rxe guests
+(`python3 -m rdmalab.machines.vmlab up`, as make test-vm-rxe does); without it each test boots two rxe guests
 itself. Skipped, saying why, where qemu cannot run."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rdmalab.agentlab import qemu_unavailable
+from rdmalab.labs.agent import qemu_unavailable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _WHY = qemu_unavailable()
@@ -25,7 +25,7 @@ def inventory(tmp_path):
         yield pathlib.Path(given)
         return
     inv = tmp_path / "inv.toml"
-    vmlab = [sys.executable, "-m", "lab.vmlab"]
+    vmlab = [sys.executable, "-m", "rdmalab.machines.vmlab"]
     r = subprocess.run(vmlab + ["up", "--device", "rxe", "--hosts", "2", "--inventory", str(inv)],
                        cwd=ROOT, capture_output=True, text=True, timeout=400,
                        stdin=subprocess.DEVNULL)

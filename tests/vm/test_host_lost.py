@@ -5,7 +5,7 @@ while waiting on b. The outcome must say which host was lost and when, keep b's 
 then in the history and the JUnit file, and the next scenario must run on b, power-cycled
 through the inventory's own power command. Nothing may hang.
 
-RDMALAB_INVENTORY names an inventory already up (`python3 -m lab.vmlab up`, as make test-vm
+RDMALAB_INVENTORY names an inventory already up (`python3 -m rdmalab.machines.vmlab up`, as make test-vm
 does); without it the test boots two rxe guests itself."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_host_lost_mid_scenario_is_an_outcome_and_the_run_goes_on(inventory, t
     env = dict(os.environ, RDMALAB_KILL_B=hosts[1]["power"]["off"],
                PYTHONPATH=os.pathsep.join([str(ROOT / "bindings"), str(ROOT)]))
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin",
                         str(SCENARIO), "--lab", f"inventory:{inventory}", "-p", "no:cacheprovider",
                         "--history-dir", str(hist), "--junitxml", str(junit),
                         "--rdmalab-timeout", "240", "-q"],
@@ -63,7 +63,7 @@ def test_a_host_lost_mid_scenario_is_an_outcome_and_the_run_goes_on(inventory, t
 
 def test_inventory_guests_do_not_see_the_checkout(inventory):
     """What the scenarios ran on got everything over SSH: the checkout is empty in the
-    guests (the agent they ran was shipped to /var/tmp/rdmalab-agent, lab.deploy)."""
+    guests (the agent they ran was shipped to /var/tmp/rdmalab-agent, rdmalab.machines.deploy)."""
     doc = tomllib.loads(inventory.read_text())
     for host in doc["host"]:
         s = host["ssh"]

@@ -2,10 +2,10 @@
 WARNING fails, with the splat in its evidence, though the scenario itself did nothing wrong.
 Shown on VM guests reached as inventory machines: tests/kernlog/scenario_warn.py runs through
 `python3 -m rdmalab run --lab inventory:PATH`; its first scenario loads rdmalab_warn.ko (a test
-module that WARNs on load, lab/vmlab/testmod) on host a; its second loads nothing and must
+module that WARNs on load, bindings/rdmalab/machines/vmlab/testmod) on host a; its second loads nothing and must
 pass on the same hosts (the first one's splat is not carried over).
 
-RDMALAB_INVENTORY names an inventory already up (`python3 -m lab.vmlab up`, as make test-vm-rxe
+RDMALAB_INVENTORY names an inventory already up (`python3 -m rdmalab.machines.vmlab up`, as make test-vm-rxe
 does); without it the test boots two rxe guests itself."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import tomllib
 import xml.etree.ElementTree as ET
 
-from rdmalab.pytest_plugin import history_name
+from rdmalab.run.pytest_plugin import history_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "tests" / "kernlog" / "scenario_warn.py"

@@ -6,7 +6,7 @@
 
 Each module in ALL has NAME and check(history, ctx) -> Result (base.py): completions,
 handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded, xrc. check_all runs them
-in that order; names= picks some by NAME. rdmalab.checks is the older API over the same rules.
+in that order; names= picks some by NAME. rdmalab.run.checks is the older API over the same rules.
 """
 from __future__ import annotations
 

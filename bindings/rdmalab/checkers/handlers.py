@@ -18,7 +18,7 @@ Objects are (host, object label); a label is never handed out twice in a model l
 labels start over after a reboot, so a host's reboot (or loss) ends what its objects did:
 a destroy before it does not outlive it.
 
-judge() gives one Result per rule (rdmalab.checks reads them one by one); check() joins them.
+judge() gives one Result per rule (rdmalab.run.checks reads them one by one); check() joins them.
 """
 from __future__ import annotations
 

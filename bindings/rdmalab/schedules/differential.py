@@ -189,6 +189,6 @@ def write_candidate(out: pathlib.Path, schedule: Schedule, lab: str, diffs: list
         (d / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in hist))
     (d / "differences.txt").write_text(
         f"candidate finding: schedule seed {schedule.seed} on {lab}\n"
-        f"classify it in bindings/rdmalab/findings.toml (finding / provider-fact / "
+        f"classify it in bindings/rdmalab/findings/findings.toml (finding / provider-fact / "
         f"unclassified), or fix the model if the model is wrong\n\n" + "\n".join(diffs) + "\n")
     return d

@@ -320,7 +320,7 @@ class Runner(XrcOps):
         self.lab.wait_until(lambda: self._ended(c.server), self.outcome_ns,
                             f"connect {c.name}: the server side's outcome")
         if c.client.cm_id.count("ESTABLISHED") and c.server.cm_id.count("ESTABLISHED"):
-            from ..resources import CmSide
+            from ..api.resources import CmSide
             for side in (c.client, c.server):
                 side.player = CmSide(self.lab, side.cm_id)
                 self._dispatcher(side).watch(side.player.qp, self._handler)
@@ -521,7 +521,7 @@ class Runner(XrcOps):
         has: every QP watched, destroy through it (seed 002)."""
         key = (side.host, side.process)
         if key not in self.dispatchers:
-            from ..stack import Dispatcher
+            from ..api.stack import Dispatcher
             self.dispatchers[key] = Dispatcher(self.lab, side.player.ctx).start()
         return self.dispatchers[key]
 

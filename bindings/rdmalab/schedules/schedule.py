@@ -23,7 +23,7 @@ Validation names the step and the field of the first thing wrong. Every name wit
 of values is checked against the table the lab itself reads: cm_event `event` against the
 rdma_cm events (_core.CmEventType), cm_state `state` against the IB CM and iWARP CM states
 (rdmalab.checkers.cm_sequence), verb `verb` against VERB_MOMENTS, `personality` against the
-model's (rdmalab.lab.personalities), a rule against the fault switch's parser
+model's (rdmalab.labs.engine.personalities), a rule against the fault switch's parser
 (_core.check_wire_rule); those tables are read when a schedule is validated, so importing this
 module needs none of them.
 """
@@ -125,9 +125,9 @@ class ScheduleError(ValueError):
 # The closed sets a schedule's names are checked against, each read from its one home when a
 # schedule is validated (this module stays importable as pure data).
 def cm_events() -> tuple[str, ...]:
-    """rdma_cm event names (_core.CmEventType, as rdmalab.cm.CM_EVENTS lists them): what
+    """rdma_cm event names (_core.CmEventType, as rdmalab.api.cm.CM_EVENTS lists them): what
     CmId.count() takes in a cm_event moment."""
-    from ..cm import CM_EVENTS
+    from ..api.cm import CM_EVENTS
     return tuple(CM_EVENTS)
 
 
@@ -140,8 +140,8 @@ def cm_protocol_states() -> tuple[str, ...]:
 
 
 def personalities() -> list[str]:
-    """The model's personalities (rdmalab.lab.personalities)."""
-    from ..lab import personalities as every
+    """The model's personalities (rdmalab.labs.engine.personalities)."""
+    from ..labs.engine import personalities as every
     return every()
 
 

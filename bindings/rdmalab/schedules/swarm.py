@@ -100,7 +100,7 @@ def speaks_ib_cm(personality: Optional[str]) -> bool:
     watch rule counts; False for iWARP (and for a name the model does not know)."""
     p = personality or "roce"
     if p not in _IB_CM:
-        from ..lab import model_lab, personalities
+        from ..labs.engine import model_lab, personalities
         if p not in personalities():
             _IB_CM[p] = False
         else:
@@ -404,7 +404,7 @@ class SeedResult:
 def run_on_model(schedule: Schedule, personality: Optional[str] = None,
                  mutations: tuple = (), keep_history: bool = False) -> SeedResult:
     """One schedule on a fresh model lab (seeded with the schedule's seed), checked."""
-    from ..lab import model_lab
+    from ..labs.engine import model_lab
     p = personality or schedule.personality or "roce"
     kw = {"mutations": tuple(mutations)} if mutations else {}
     lab = model_lab(seed=schedule.seed, hosts=tuple(schedule.hosts), personality=p, **kw)

@@ -29,12 +29,12 @@ import sys
 import time
 from typing import Optional
 
-from .. import inputs
-from ..agreement import TWIN
-from ..inputs import BadInput
+from ..paths import REPO
+from ..run import inputs
+from ..findings.agreement import TWIN
+from ..run.inputs import BadInput
 from .schedule import Schedule
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 SCENARIO = pathlib.Path(__file__).resolve().parent / "scenario.py"
 PROGRESS_S = 30.0
 
@@ -49,7 +49,7 @@ def parser(command: str) -> argparse.ArgumentParser:
                    help="model, model:roce[,ib,...], vm:rxe, vm:siw, netns:rxe, inventory:PATH")
     p.add_argument("--out", default=f"out/{command}", help=f"output folder (out/{command})")
     p.add_argument("--mutation", action="append", default=[],
-                   help="run the model with this planted defect (rdmalab.lab.MUTATIONS)")
+                   help="run the model with this planted defect (rdmalab.labs.engine.MUTATIONS)")
     p.add_argument("--vm-hosts", type=int, default=2, help="hosts of a device lab (2)")
     p.add_argument("--kernel", default=None, help="the VM lab's guest kernel (--kernel of run)")
     if command == "swarm":
@@ -70,7 +70,7 @@ def model_personalities(lab: str) -> Optional[list[str]]:
 
 
 def check_args(command: str, args) -> None:
-    """Every value checked before anything runs (rdmalab.inputs); BadInput names the first
+    """Every value checked before anything runs (rdmalab.run.inputs); BadInput names the first
     wrong one."""
     args.lab = inputs.labs(args.lab)
     args.mutation = inputs.mutations(args.mutation)
@@ -295,7 +295,7 @@ def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathl
                RDMALAB_SCHEDULE_OUT=str(results.resolve()))
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO / "bindings"), str(REPO),
                                                     env.get("PYTHONPATH")) if x)
-    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.pytest_plugin", "-q",
+    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin", "-q",
            "-p", "no:cacheprovider", str(SCENARIO), "--vm-hosts", str(args.vm_hosts),
            "--history-dir", str(results.resolve() / "history"), "-rfEs",
            *[x for lab in labs for x in ("--lab", lab)]]
@@ -315,7 +315,7 @@ def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathl
 
 
 def main(command: str, argv: list[str]) -> int:
-    """Bad input raises (BadInput, ScheduleError): rdmalab.cli's guard prints it, exit 2."""
+    """Bad input raises (BadInput, ScheduleError): rdmalab.run.cli's guard prints it, exit 2."""
     args = parser(command).parse_args(argv)
     check_args(command, args)
     return swarm(args) if command == "swarm" else replay(args)

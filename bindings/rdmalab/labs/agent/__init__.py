@@ -1,0 +1,32 @@
+"""The agent lab: a Lab (rdmalab.protocol) whose hosts are Machines (bindings/rdmalab/machines/machine.py) each
+running the host agent (rdmalab.agent.serve) under execnet over SSH. The machines come from the VM
+lab (rdmalab.machines.qemu: qemu guests on the fault switch, `--lab vm:rxe`) or from an inventory of real
+machines (rdmalab.machines.inventory, `--lab inventory:PATH`); the lab drives both the same way.
+
+    pool = vm_pool(2, "rxe")                # boots once; reused by every lab
+    with pool.lab(seed=1) as lab:           # hosts "a", "b": fresh verbs labs in the agents
+        pair = RCPair(lab)                  # built in the agents; proxies here
+    pool.close()
+
+The controller's clock is its CLOCK_MONOTONIC; each agent's offset is measured at start, so the
+merged history orders records of all hosts on one time line. Each host's records are followed
+as they are written (a fetch waits in the agent for the next, up to FOLLOW_WAIT_S), so a host
+lost mid-scenario keeps what it said until then.
+"""
+
+from __future__ import annotations
+
+from ...errors import Hung
+from .common import AGENT_DIR, SOFT_DEVICES, device_label, each_host, qemu_unavailable
+from .faults import AgentFaults
+from .lab import AgentLab
+from .pool import AgentPool
+from .pools import inventory_pool, netns_pool, vm_pool
+from .process import AgentProcess
+from .wire import NftRule, SwitchRule
+
+__all__ = [
+    "AGENT_DIR", "SOFT_DEVICES", "AgentFaults", "AgentLab", "AgentPool", "AgentProcess", "Hung",
+    "NftRule", "SwitchRule", "device_label", "each_host", "inventory_pool", "netns_pool",
+    "qemu_unavailable", "vm_pool",
+]

@@ -1,0 +1,250 @@
+"""python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--kernel sid] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
+python3 -m rdmalab report DIR   (or DIR/junit.xml)
+python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
+python3 -m rdmalab findings [--readme README.md] [--registry FILE]
+python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.schedules.swarm_cli)
+python3 -m rdmalab replay FILE --lab model:roce [--lab vm:rxe]
+
+run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
+rdmalab plugin, writes DIR/junit.xml, DIR/history/<test>.jsonl, DIR/report.txt and
+DIR/report.html (the result matrix and a ladder diagram per scenario, self-contained), and
+prints the result table. Every option, lab and inventory is checked before pytest starts
+(rdmalab.run.inputs); a relative inventory or test path is taken from the caller's directory.
+
+report: the result table of a run's JUnit XML, and DIR/report.html rebuilt from DIR's files.
+
+findings: checks the findings registry (bindings/rdmalab/findings/findings.toml) and prints README's
+findings tables as markdown; with --readme, rewrites the block between <!-- findings:begin -->
+and <!-- findings:end --> of that file in place instead. Exit status 2 if the registry is
+malformed (each problem named by file, line, entry and field).
+
+Exit status of every command: 0 passed, 1 a result failed, 2 bad input (an option, a lab or a
+file refused before anything ran, named in one line on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..findings import registry as findings
+from . import inputs
+from ..report import junit as report
+from ..findings.agreement import TWIN
+from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BINDINGS_DIR = PACKAGE_DIR.parent
+REPO_ROOT = BINDINGS_DIR.parent
+DEFAULT_TESTS = REPO_ROOT / "tests" / "scenarios"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="python3 -m rdmalab", description=__doc__,
+                                formatter_class=fmt, epilog=inputs.EXIT_HELP)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run scenarios and print the result table",
+                         epilog=inputs.EXIT_HELP, formatter_class=fmt)
+    run.add_argument("--lab", action="append", default=None,
+                     help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw", '
+                          '"netns:rxe" (hosts as network namespaces), "inventory:PATH" (default '
+                          'model). A VM lab that cannot run here falls back to the model, '
+                          'saying why')
+    run.add_argument("--vm-hosts", type=int, default=2,
+                     help="hosts of the VM or netns lab (default 2)")
+    run.add_argument("--kernel", default=None, metavar="SUITE|RELEASE",
+                     help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
+                          "Debian release such as 6.12.117+deb13-amd64")
+    run.add_argument("--seed", type=int, default=1, help="seed of every lab (default 1)")
+    run.add_argument("--out", default="out", help="output directory (default out/)")
+    run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="wall-clock seconds per test (plugin default 300)")
+    run.add_argument("--metrics-listen", metavar="HOST:PORT", default=None,
+                     help="serve Prometheus metrics while the run lasts (off by default)")
+    run.add_argument("--metrics-push", metavar="URL", default=None,
+                     help="push the metrics to this Pushgateway at the end (off by default)")
+    run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
+    rep = sub.add_parser("report", help="print the result table of a run and rebuild its "
+                                        "report.html", epilog=inputs.EXIT_HELP,
+                         formatter_class=fmt)
+    rep.add_argument("junit", metavar="DIR|JUNIT",
+                     help="the run's output directory, or its junit.xml")
+    fnd = sub.add_parser("findings", help="check the findings registry and print README's "
+                                          "findings tables (or rewrite them: --readme)",
+                         epilog=inputs.EXIT_HELP, formatter_class=fmt)
+    fnd.add_argument("--readme", default=None,
+                     help="rewrite the findings block of this markdown file in place")
+    fnd.add_argument("--registry", default=str(findings.REGISTRY),
+                     help=f"the registry (default {findings.REGISTRY})")
+    return p
+
+
+def pytest_command(args, extra: list[str]) -> list[str]:
+    out = Path(args.out)
+    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin",
+           *(args.paths or [str(DEFAULT_TESTS)]),
+           *[x for lab in args.lab for x in ("--lab", lab)], "--vm-hosts", str(args.vm_hosts),
+           "--seed", str(args.seed),
+           "--history-dir", str(out / "history"), "--junitxml", str(out / "junit.xml"),
+           "-o", "junit_logging=no", "-rfEs"]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    if getattr(args, "kernel", None):
+        cmd += ["--kernel", args.kernel]
+    if args.timeout is not None:
+        cmd += ["--rdmalab-timeout", str(args.timeout)]
+    for option in ("metrics_listen", "metrics_push"):
+        if getattr(args, option):
+            cmd += ["--" + option.replace("_", "-"), getattr(args, option)]
+    return cmd + extra
+
+
+def usable_labs(labs: list[str]) -> list[str]:
+    """The labs asked for, with VM labs replaced by the model where qemu cannot run here."""
+    from ..labs.agent import qemu_unavailable
+    out: list[str] = []
+    for lab in labs or ["model"]:
+        why = qemu_unavailable() if lab.split(":")[0] == "vm" else None
+        if why:
+            device = (lab.partition(":")[2] or "rxe").split(",")
+            model = ",".join(TWIN[d] for d in device if d in TWIN) or "roce"
+            print(f"rdmalab: --lab {lab}: the VM lab cannot run here ({why}); running the "
+                  f"model (model:{model}) instead", file=sys.stderr)
+            lab = f"model:{model}"
+        if lab not in out:
+            out.append(lab)
+    return out
+
+
+def check_run_args(args, cwd: str) -> None:
+    """Every value of `run` checked before pytest starts (BadInput names the first wrong one);
+    paths made absolute against the caller's directory, since pytest runs from the checkout."""
+    args.lab = inputs.labs(args.lab, cwd)
+    inputs.count(args.vm_hosts, "--vm-hosts", 1, 8)
+    inputs.count(args.seed, "--seed", 0)
+    inputs.kernel(args.kernel)
+    if args.timeout is not None:
+        inputs.duration(args.timeout, "--timeout", "seconds")
+    inputs.host_port(args.metrics_listen, "--metrics-listen")
+    args.out = inputs.out_dir(args.out, "--out", cwd)
+    args.paths = [str(Path(cwd, p).resolve()) for p in args.paths]
+    for given, path in zip(list(args.paths), args.paths):
+        if not Path(path.split("::")[0]).exists():
+            raise BadInput(f"test path {given}: no such file or directory")
+
+
+# pytest's exit statuses (pytest.ExitCode) as rdmalab's: a usage error, a collection error
+# (interrupted) or nothing selected is bad input; an internal error is a failed run.
+_PYTEST_STATUS = {0: EXIT_PASSED, 1: EXIT_FAILED, 2: EXIT_BAD_INPUT, 3: EXIT_FAILED,
+                  4: EXIT_BAD_INPUT, 5: EXIT_BAD_INPUT}
+
+
+def run(args, extra: list[str]) -> int:
+    check_run_args(args, os.getcwd())
+    args.lab = usable_labs(args.lab)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    junit = out / "junit.xml"
+    if junit.exists():
+        junit.unlink()  # never report a previous run's results
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BINDINGS_DIR), env.get("PYTHONPATH"))
+                                        if p)
+    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO_ROOT,
+                         stdin=subprocess.DEVNULL)
+    status = _PYTEST_STATUS.get(rc, EXIT_FAILED)
+    if rc == 5:
+        print("rdmalab run: no scenario selected (check the paths and -k)", file=sys.stderr)
+    if not junit.exists() or rc in (4, 5):
+        if rc not in (4, 5):
+            print(f"rdmalab run: pytest ended with status {rc} and wrote no {junit}",
+                  file=sys.stderr)
+        return status if status != EXIT_PASSED else EXIT_FAILED
+    results = report.read_junit(str(junit))
+    table = report.format_table(results)
+    (out / "report.txt").write_text(table)
+    print("\n" + table, end="")
+    if report.failed(results) and status == EXIT_PASSED:
+        status = EXIT_FAILED
+    write_html(out, junit)
+    return status
+
+
+def write_html(out: Path, junit: Path) -> bool:
+    """Writes out/report.html and prints its path; False (having said why) when an input could
+    not be read."""
+    from ..report import html as html_report
+    try:
+        path, problems = html_report.write(out, junit)
+    except html_report.ReportError as e:
+        print(f"rdmalab report: {e}", file=sys.stderr)
+        return False
+    except ImportError as e:
+        print(f"rdmalab report: no report.html: {e} (apt-get install python3-jinja2)",
+              file=sys.stderr)
+        return False
+    for problem in problems:
+        print(f"rdmalab report: {problem}", file=sys.stderr)
+    print(f"report: {path}")
+    return not problems
+
+
+def report_command(args) -> int:
+    given = Path(args.junit)
+    out, junit = (given, given / "junit.xml") if given.is_dir() else (given.parent, given)
+    from ..report.html import ReportError, read_results
+    try:
+        results = read_results(junit)
+    except ReportError as e:
+        raise BadInput(str(e)) from None
+    print(report.format_table(results), end="")
+    if not write_html(out, junit):
+        return EXIT_BAD_INPUT
+    return EXIT_FAILED if report.failed(results) else EXIT_PASSED
+
+
+def findings_command(args) -> int:
+    try:
+        registry = findings.load(args.registry)
+    except findings.FindingsError as e:
+        raise BadInput(f"the registry is malformed:\n{e}") from None
+    problems = findings.check_files(registry, REPO_ROOT)
+    for problem in problems:
+        print(f"rdmalab findings: {problem}", file=sys.stderr)
+    block = findings.markdown_tables(registry)
+    if args.readme is None:
+        print(block, end="")
+        return 2 if problems else 0
+    readme = Path(args.readme)
+    try:
+        text = readme.read_text()
+        new = findings.replace_block(text, block, str(readme))
+    except OSError as e:
+        raise BadInput(f"--readme {readme}: cannot read: {e.strerror}") from None
+    if new != text:
+        readme.write_text(new)
+    print(f"{readme}: findings tables {'rewritten' if new != text else 'already current'} "
+          f"({len(registry.entries)} entries)")
+    return 2 if problems else 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["matrix"]:  # its own parser (rdmalab.report.matrix)
+        from ..report import matrix
+        return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
+    if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.schedules.swarm_cli
+        from ..schedules import swarm_cli
+        return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    commands = {"run": lambda: run(args, extra), "findings": lambda: findings_command(args),
+                "report": lambda: report_command(args)}
+    return inputs.guard(args.command, commands[args.command])
