@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Iterable, Optional
 
+from ..protocol import VIRTUAL_TIME
 from .base import INVALID, UNKNOWN, VALID, Context, Problem, Result
 
 _ORDER = ("completions", "handlers", "acks", "holds", "cm_terminal", "cm_sequence",
@@ -64,8 +65,10 @@ def check_all(history: list, ctx: Optional[Context] = None,
 
 
 def context_of(lab) -> Context:
-    """The Context a lab gives its checkers: each host's transport, and on the model the
-    personality (hosts of several personalities: their names joined by ",")."""
+    """The Context a lab gives its checkers: each host's transport, and on a lab with virtual
+    time (the model) the personality (hosts of several personalities: their names joined by
+    ","). Elsewhere caps.personality is a driver's name, not one of the model's rule sets, and
+    the rules it selects (completions' flush grace) are bounds in virtual time."""
     transports, personalities, err_posts = {}, set(), {}
     for name in lab.hosts:
         try:
@@ -75,9 +78,9 @@ def context_of(lab) -> Context:
         transports[name] = caps.transport
         err_posts[name] = caps.err_post
         personalities.add(caps.personality)
-    model = getattr(lab, "backend", "") == "model"
+    virtual = lab.has(VIRTUAL_TIME)
     return Context(transports=transports, err_posts=err_posts,
-                   personality=",".join(sorted(personalities)) if model and personalities
+                   personality=",".join(sorted(personalities)) if virtual and personalities
                    else None)
 
 
