@@ -135,7 +135,7 @@ def cm_protocol_states() -> tuple[str, ...]:
     """The CM protocol states a cm_state moment compares CmId.protocol_state with: the IB CM's
     (cm.c enum ib_cm_state) and the iWARP CM's (iwcm.c enum iw_cm_state), the tables of
     rdmalab.checkers.cm_sequence (which judges the model's `cm_state` records by them)."""
-    from ..checkers.cm_sequence import IB_CM_STATES, IW_CM_STATES
+    from ..checkers.cm_tables import IB_CM_STATES, IW_CM_STATES
     return tuple(dict.fromkeys(IB_CM_STATES + IW_CM_STATES))
 
 
