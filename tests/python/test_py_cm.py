@@ -8,8 +8,8 @@ import pytest
 
 import rdmalab
 from rdmalab import ms, sec
-from rdmalab.api.cm import (CM_EVENTS, CmEvent, CmEventError, CmEventRecord, make_conn_param,
-                            make_timing, status_name)
+from rdmalab.api.cm_values import (CM_EVENTS, CmEvent, CmEventError, CmEventRecord,
+                                   make_conn_param, make_timing, status_name)
 from rdmalab.api.resources import CmPair
 
 PERSONALITIES = ["ib", "roce", "iwarp-cxgb4", "iwarp-siw"]

@@ -12,39 +12,29 @@ listen, connect and accept, and waits that say where a connection is stuck.
 The pump (core/stack/connection.h) reads the channel, records every event per id, runs
 handlers one at a time per id and acks every event, so destroy never waits on it, unless a
 scenario leaves events unread (ch.pause_reading()) or unacked (ch.hold_acks(id)). Event and
-state names are the spec's ("DISCONNECTED", "TIMEWAIT"); timeouts are relative ns.
+state names are the spec's ("DISCONNECTED", "TIMEWAIT"); timeouts are relative ns. The events'
+values and the calls' arguments are rdmalab.api.cm_values'.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno as _errno
-from typing import Any, Callable, Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, Optional
 
 from .. import _core
 from ..run import progress
 from ..errors import DeadlineExceeded, Error, Hung, make_error, raise_parked
-from ..names import allowed, name, parse, sec
+from ..names import name, parse, sec
 from ..protocol import VIRTUAL_TIME
+from .cm_values import (DEFAULT_PORT, FAILURE_TYPES, CmEvent, CmEventError, CmEventRecord,
+                        check_port, endpoint_spec, make_conn_param, make_timing)
 from .requests import make_qp_cap
 from .verbs import Context, Cq, Pd, Qp, unwrap
 
-CM_EVENTS = allowed(_core.CmEventType)
-# Events that end a connection attempt: a wait for something else stops at them.
-FAILURE_EVENTS = ("ADDR_ERROR", "ROUTE_ERROR", "CONNECT_ERROR", "UNREACHABLE", "REJECTED",
-                  "DEVICE_REMOVAL")
-_FAILURE_TYPES = tuple(parse(_core.CmEventType, f, "CM event") for f in FAILURE_EVENTS)
 # wait()'s event types by wanted event, when fail_on is the default (built once: comparing
 # the engine's enums costs more than the wait itself when the event is there already).
 _DEFAULT_WAIT_TYPES: dict[str, list] = {}
-REJ_REASON = dict(_core.CM_REJ_REASON)  # IB REJ reasons: "STALE_CONN": 10, ...
-_REJ_NAME = {v: k for k, v in REJ_REASON.items()}
-_PARAM_KEYS = ("responder_resources", "initiator_depth", "retry_count", "rnr_retry_count")
-_QP_KEYS = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
-DEFAULT_PORT = 7471
-
-
 _QUIET = contextlib.nullcontext()
 
 
@@ -54,116 +44,6 @@ def _waiting(lab, what: Callable[[], str], timeout_ns: int):
     if lab.has(VIRTUAL_TIME):
         return _QUIET
     return progress.Waiting(what(), timeout_ns / 1e9)
-
-
-def status_name(event: str, status: int) -> str:
-    """"OK" for 0, the errno name for a negative status ("ETIMEDOUT"), the IB REJ reason for a
-    REJECTED ("STALE_CONN")."""
-    if status == 0:
-        return "OK"
-    if status < 0:
-        return _core.errno_name(-status)
-    if event == "REJECTED" and status in _REJ_NAME:
-        return _REJ_NAME[status]
-    return str(status)
-
-
-@dataclasses.dataclass(frozen=True)
-class CmEvent:
-    """An rdma_cm event: .event ("ESTABLISHED"), .status (0, -errno, or an IB REJ reason),
-    .status_name, the id it is for (a new id on CONNECT_REQUEST), private data, the time the
-    pump read it."""
-    event: str
-    status: int
-    id: int
-    listen_id: int
-    private_data: bytes
-    seq: int
-    t_ns: int = 0
-    raw: Any = dataclasses.field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_core(cls, e, t_ns: int = 0) -> "CmEvent":
-        return cls(e.event_name, e.status, e.id, e.listen_id, e.private_data, e.seq, t_ns, e)
-
-    @property
-    def status_name(self) -> str:
-        return status_name(self.event, self.status)
-
-
-class CmEventRecord(NamedTuple):
-    """One entry of an id's event history."""
-    name: str
-    status: int
-    t_ns: int
-
-
-class CmEventError(Error):
-    """A wait ended at an event that rules out the awaited one (REJECTED while waiting for
-    ESTABLISHED). .event is that CmEvent."""
-    event: CmEvent
-
-
-def make_timing(timing=None, **kw) -> Optional[_core.CmTiming]:
-    """A CmTiming from None, a CmTiming, a dict or keywords (cm_response_timeout,
-    max_cm_retries, packet_life_time)."""
-    if timing is None and not kw:
-        return None
-    if isinstance(timing, _core.CmTiming):
-        if kw:
-            raise TypeError("pass a CmTiming or keywords, not both")
-        return timing
-    values = dict(timing or {}, **kw)
-    t = _core.CmTiming()
-    for key, value in values.items():
-        if not hasattr(t, key):
-            raise TypeError(f"unknown CM timing {key!r}; allowed: cm_response_timeout, "
-                            "max_cm_retries, packet_life_time")
-        setattr(t, key, value)
-    return t
-
-
-def make_conn_param(private_data: bytes = b"", **kw) -> _core.ConnParam:
-    p = _core.ConnParam()
-    p.private_data = bytes(private_data)
-    for key, value in kw.items():
-        if key not in _PARAM_KEYS:
-            raise TypeError(f"unknown connection parameter {key!r}; allowed: "
-                            f"{', '.join(_PARAM_KEYS)}")
-        setattr(p, key, value)
-    return p
-
-
-def _check_port(verb: str, port) -> int:
-    if isinstance(port, bool) or not isinstance(port, int):
-        raise TypeError(f"{verb}: port must be an int, got {type(port).__name__}")
-    if not 0 <= port <= 0xFFFF:
-        raise make_error(verb, _errno.EINVAL, f"port {port} out of range 0..65535")
-    return port
-
-
-def _split(kw: dict) -> tuple[dict, dict]:
-    """Keyword arguments into (QP capabilities, connection parameters)."""
-    qp = {k: kw.pop(k) for k in list(kw) if k in _QP_KEYS}
-    param = {k: kw.pop(k) for k in list(kw) if k in _PARAM_KEYS}
-    if kw:
-        raise TypeError(f"unknown argument(s) {sorted(kw)}; allowed: "
-                        f"{', '.join(_QP_KEYS + _PARAM_KEYS)}, cqe")
-    return qp, param
-
-
-def _spec(dst: str = "", port: int = 0, *, timing=None, private_data: bytes = b"",
-          cqe: int = 64, resolve_timeout_ns: Optional[int] = None,
-          **kw) -> _core.CmEndpointSpec:
-    qp, param = _split(kw)
-    s = _core.CmEndpointSpec()
-    s.dst, s.port, s.cqe = dst, port, cqe
-    s.cap = make_qp_cap(**qp)
-    s.param = make_conn_param(private_data, **param)
-    s.timing = make_timing(timing)
-    if resolve_timeout_ns is not None:
-        s.resolve_timeout_ns = resolve_timeout_ns
-    return s
 
 
 class CmChannel:
@@ -192,7 +72,7 @@ class CmChannel:
 
     def listen(self, port: int = DEFAULT_PORT, backlog: int = 16) -> "CmId":
         """rdma_create_id + rdma_listen: an id in LISTEN; wait_request() takes its requests."""
-        _check_port("rdma_listen", port)
+        check_port("rdma_listen", port)
         return self._wrap(self._run(_core.cm_listen, self._pump, port, backlog), "listener")
 
     def connect(self, dst, port: int = DEFAULT_PORT, *, timeout_ns: int = sec(1),
@@ -204,9 +84,9 @@ class CmChannel:
         parameters (responder_resources, initiator_depth, retry_count, rnr_retry_count).
         A step that does not finish by timeout_ns raises Hung naming it."""
         dst = self.lab.address_of(dst if isinstance(dst, str) else dst.name)
-        _check_port("rdma_resolve_addr", port)
-        spec = _spec(dst, port, timing=timing, private_data=private_data, cqe=cqe,
-                     resolve_timeout_ns=resolve_timeout_ns, **kw)
+        check_port("rdma_resolve_addr", port)
+        spec = endpoint_spec(dst, port, timing=timing, private_data=private_data, cqe=cqe,
+                             resolve_timeout_ns=resolve_timeout_ns, **kw)
         try:
             with _waiting(self.lab, lambda: f"connecting {self.process.host.name} to {dst} "
                           f"(resolve, route, rdma_connect)", timeout_ns):
@@ -377,7 +257,7 @@ class CmId:
             types = _DEFAULT_WAIT_TYPES.get(want_name)
             if types is None:
                 types = _DEFAULT_WAIT_TYPES[want_name] = [want] + [
-                    t for t in _FAILURE_TYPES if t != want]
+                    t for t in FAILURE_TYPES if t != want]
         else:
             types = [want] + [parse(_core.CmEventType, f, "CM event") for f in fail_on
                               if f != want_name]
@@ -413,7 +293,7 @@ class CmId:
 
     # -- verbs
     def resolve_addr(self, dst, port: int = DEFAULT_PORT, timeout_ns: int = sec(2)) -> None:
-        _check_port("rdma_resolve_addr", port)
+        check_port("rdma_resolve_addr", port)
         self._run(self._o.resolve_addr, dst if isinstance(dst, str) else dst.name, port,
                   timeout_ns)
 
@@ -421,7 +301,7 @@ class CmId:
         self._run(self._o.resolve_route, timeout_ns)
 
     def listen(self, port: int = DEFAULT_PORT, backlog: int = 16) -> None:
-        self._run(self._o.listen, _check_port("rdma_listen", port), backlog)
+        self._run(self._o.listen, check_port("rdma_listen", port), backlog)
 
     def set_timing(self, timing=None, **kw) -> None:
         """rdma_set_option: cm_response_timeout, max_cm_retries, packet_life_time."""
@@ -454,7 +334,7 @@ class CmId:
 
     def accept(self, private_data: bytes = b"", *, timing=None, cqe: int = 64, **kw) -> None:
         """rdma_accept, with an RC QP (and PD, CQ) made on the id's device first."""
-        spec = _spec(timing=timing, private_data=private_data, cqe=cqe, **kw)
+        spec = endpoint_spec(timing=timing, private_data=private_data, cqe=cqe, **kw)
         conn = self._run(_core.cm_accept, self.channel._pump, self._o, spec)
         if self.qp is None:
             self._adopt(conn)
@@ -519,6 +399,4 @@ class CmId:
 
 CmConn = CmId  # the name the task brief used; one class serves listeners and connections
 
-__all__ = ["CM_EVENTS", "CmChannel", "CmConn", "CmEvent", "CmEventError", "CmEventRecord",
-           "CmId", "DEFAULT_PORT", "FAILURE_EVENTS", "REJ_REASON", "make_conn_param",
-           "make_timing", "status_name"]
+__all__ = ["CmChannel", "CmConn", "CmId"]

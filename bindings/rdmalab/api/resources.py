@@ -16,6 +16,7 @@ from typing import Optional
 
 from .. import _core
 from . import cm as _cm
+from .cm_values import FAILURE_TYPES, CmEvent, check_port, endpoint_spec
 from ..agent import remote as _remote
 from ..errors import DeadlineExceeded, FaultNotSupported, raise_parked
 from . import stack
@@ -30,7 +31,7 @@ RDMA_ACCESS = "LOCAL_WRITE|REMOTE_WRITE|REMOTE_READ"
 def _wait_types(event: str) -> list:
     """CmId.wait's event types for `event` with the default fail_on (FAILURE_EVENTS)."""
     want = parse(_core.CmEventType, event, "CM event")
-    return [want] + [t for t in _cm._FAILURE_TYPES if t != want]
+    return [want] + [t for t in FAILURE_TYPES if t != want]
 
 
 _ESTABLISHED = _wait_types("ESTABLISHED")
@@ -248,13 +249,13 @@ class CmPair:
                 and type(cch) is _cm.CmChannel):
             return False
         try:  # bad arguments: the step-by-step path raises them at the step it always did
-            _cm._check_port("rdma_listen", port)
+            check_port("rdma_listen", port)
             dst = lab.address_of(_name(server))
-            connect_spec = accept_spec = None  # None: the engine makes _spec's defaults
+            connect_spec = accept_spec = None  # None: the engine makes endpoint_spec's defaults
             if timing is not None or private_data or accept_data or kw:
-                connect_spec = _cm._spec(dst, port, timing=timing, private_data=private_data,
-                                         **kw)
-                accept_spec = _cm._spec(timing=timing, private_data=accept_data, **kw)
+                connect_spec = endpoint_spec(dst, port, timing=timing,
+                                             private_data=private_data, **kw)
+                accept_spec = endpoint_spec(timing=timing, private_data=accept_data, **kw)
         except Exception:  # noqa: BLE001 (re-raised by the other path)
             return False
         st = _core.CmPairUp()
@@ -291,7 +292,7 @@ class CmPair:
         if st.request is not None:
             ch, ev, parts = self.server_channel, st.request, st.server_parts
             self._req = ch._wrap(parts[0] if parts else ch._o.cm_id(ev.id), "passive side")
-            self._req.request = _cm.CmEvent.from_core(ev, st.request_ns)
+            self._req.request = CmEvent.from_core(ev, st.request_ns)
             if parts is not None and self._req.qp is None:
                 _adopt_parts(self._req, parts)
 
@@ -372,7 +373,7 @@ def _check_wait(waited: bool, rec, cm_id, want: str, timeout_ns: int) -> None:
         return
     if rec is None:
         raise cm_id._hung(f"waiting for {want}", timeout_ns)
-    got = _cm.CmEvent.from_core(rec.event, rec.read_ns)
+    got = CmEvent.from_core(rec.event, rec.read_ns)
     if got.event != want:
         raise cm_id._failed(got, want)
 

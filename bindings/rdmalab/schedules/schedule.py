@@ -127,7 +127,7 @@ class ScheduleError(ValueError):
 def cm_events() -> tuple[str, ...]:
     """rdma_cm event names (_core.CmEventType, as rdmalab.api.cm.CM_EVENTS lists them): what
     CmId.count() takes in a cm_event moment."""
-    from ..api.cm import CM_EVENTS
+    from ..api.cm_values import CM_EVENTS
     return tuple(CM_EVENTS)
 
 
