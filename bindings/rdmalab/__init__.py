@@ -32,7 +32,7 @@ _FACE = {
     **dict.fromkeys(("CmChannel", "CmEvent", "CmEventError", "CmId"), ".api.cm"),
     **dict.fromkeys(("DeadlineExceeded", "Error", "FaultNotSupported", "HostLost", "Hung",
                      "WallClockTimeout", "make_error"), ".errors"),
-    **dict.fromkeys(("CM_ATTR_ID", "Faults", "NoFaults", "WireRule"), ".faults.frontend"),
+    **dict.fromkeys(("CM_ATTR_ID", "Faults", "NoFaults", "WireRule"), ".faults"),
     **dict.fromkeys(("Host", "Process", "model_lab", "personalities"), ".labs.engine"),
     **dict.fromkeys(("CM_PROTOCOL_STATE", "SRQ_OCCUPANCY", "STATE_DUMP", "VIRTUAL_TIME",
                      "WIRE_PLACEMENT", "Lab"), ".protocol"),

@@ -7,7 +7,7 @@ import pytest
 import rdmalab
 from rdmalab import _core
 from rdmalab.errors import raise_parked
-from rdmalab.faults.frontend import NoFaults
+from rdmalab.faults import NoFaults
 
 
 def test_engine_error_becomes_rdmalab_error():

@@ -5,9 +5,11 @@ import os
 import shutil
 import subprocess
 
+import json
+
 import pytest
 
-from rdmalab import FaultNotSupported
+from rdmalab import FaultNotSupported, _core
 from rdmalab.faults import nft
 
 HOSTS = {"a": "10.0.0.1", "b": "10.0.0.2"}
@@ -66,6 +68,26 @@ def test_bad_fields_are_clear_errors():
         nft.match_expr({"tcp_flags": "FIN|NOPE"}, HOSTS)
     with pytest.raises(FaultNotSupported, match="syndrome"):
         nft.match_expr({"opcode": "ACKNOWLEDGE", "syndrome": "RNR_NAK"}, HOSTS)
+
+
+# A value of each key nftables expresses, as a rule of the switch's language would give it.
+SAMPLE = {"src_host": "a", "dst_host": "b", "tcp_flags": "FIN", "opcode": "SEND_ONLY",
+          "mad_attr_id": 0x16, "dest_qpn": 0x12, "psn": 7}
+
+
+def test_every_key_nftables_expresses_is_a_key_of_the_switchs_language():
+    """The switch's parser (faults/rules.cc) is the one home of the rule language: each key
+    the nftables translation knows is one it accepts, with the same kind of value."""
+    assert set(SAMPLE) == set(nft.MATCH_KEYS)
+    for key, value in SAMPLE.items():
+        _core.check_wire_rule(json.dumps({"action": "drop", key: value}))
+
+
+def test_a_key_of_the_language_nftables_cannot_express_is_refused_by_name():
+    for key, value in (("src_qpn", 5), ("transport", "RC")):
+        _core.check_wire_rule(json.dumps({"action": "drop", key: value}))  # the language's
+        with pytest.raises(FaultNotSupported, match=key):
+            nft.match_expr({key: value}, HOSTS)
 
 
 def test_handle_and_counter_parsing():

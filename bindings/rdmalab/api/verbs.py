@@ -87,18 +87,16 @@ class DeviceCaps:
     kernel_release: str = ""
 
     @classmethod
-    def from_core(cls, c: _core.DeviceCaps) -> "DeviceCaps":
+    def from_core(cls, c: _core.DeviceCaps, host_kernel: "kernel.KernelIdentity") -> "DeviceCaps":
+        """The engine's caps with the kernel the device runs under, as its lab says
+        (EngineLab.kernel_identity: the model's personality, or this host's kernel)."""
         fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)
                   if f.name != "kernel_release"}
         for key in ("transport", "err_post", "xrc_tgt_lifetime"):
             fields[key] = name(fields[key])
         fields["raises"] = tuple(name(t) for t in c.raises)
-        if not fields["kernel_hz"]:  # a device: the kernel this process runs on (the host's)
-            fields["kernel_hz"] = kernel.kernel_hz()
-            fields["kernel_release"] = kernel.kernel_release()
-            fields["tcp_syn_retries"] = kernel.tcp_syn_retries()  # the sysctl, read always
-        else:
-            fields["kernel_release"] = kernel.MODEL_KERNEL_RELEASE
+        fields.update(kernel_hz=host_kernel.hz, kernel_release=host_kernel.release,
+                      tcp_syn_retries=host_kernel.tcp_syn_retries)
         return cls(**fields)
 
     def raises_event(self, event) -> Optional[bool]:
@@ -321,7 +319,7 @@ class Context(_Obj):
 
     @property
     def caps(self) -> DeviceCaps:
-        return DeviceCaps.from_core(self._o.caps)
+        return DeviceCaps.from_core(self._o.caps, self.lab.kernel_identity(self._o.caps))
 
     def query_gid(self, port_num: int = 1, index: int = 0) -> _core.Gid:
         return _run(self._o.query_gid, port_num, index)

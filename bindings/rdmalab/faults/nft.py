@@ -9,9 +9,11 @@ one of two places:
 - BRIDGE: the `forward` hook of a Linux bridge the hosts' traffic crosses (the netns lab's
   bridge, an nftables bridge host): as the fault switch, the sender's stack never knows.
 
-The match keys are the rule language of rdmalab.faults.frontend (the model's fabric): opcode, dest_qpn,
-psn, mad_attr_id (cm="DREP"), dst_host, plus tcp_flags for iWARP. A key nftables cannot express
-raises FaultNotSupported naming it.
+The rule language is the fault switch's (faults/rules.cc parses it; rdmalab.faults.wire checks
+every rule with that parser before a sink sees it). nftables expresses MATCH_KEYS of it:
+opcode, dest_qpn, psn, mad_attr_id (cm="DREP"), src_host, dst_host, plus tcp_flags for iWARP; a
+key it cannot express raises FaultNotSupported naming it (test_py_nft checks MATCH_KEYS against
+the parser).
 
 Offsets are from the transport header (`@th`, in bits): UDP is 8 bytes, then BTH (12 bytes:
 opcode at byte 0, destination QPN at bytes 5-7, PSN at 9-11), then for QP1's UD MADs a DETH
@@ -24,6 +26,8 @@ from typing import Mapping, Optional
 
 from ..errors import FaultNotSupported
 
+# The keys of the switch's rule language this translation expresses.
+MATCH_KEYS = ("src_host", "dst_host", "tcp_flags", "opcode", "mad_attr_id", "dest_qpn", "psn")
 TABLE = "rdmalab"
 CHAIN = "out"
 

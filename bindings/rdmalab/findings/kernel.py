@@ -6,6 +6,7 @@ else measured from /proc/timer_list (jiffies against the monotonic clock; root o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import os
@@ -46,6 +47,20 @@ def hz_from_timer_list(first: bytes, second: bytes) -> Optional[int]:
         return None
     rate = (j1 - j0) * 1e9 / (n1 - n0)
     return min(HZ_CHOICES, key=lambda hz: abs(hz - rate))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelIdentity:
+    """The kernel a device runs under, as far as its caps tell: its timer tick (CONFIG_HZ, 0 =
+    unknown), its release (findings.toml kernels.fixed compares it), its TCP SYN retries."""
+    hz: int
+    release: str
+    tcp_syn_retries: int
+
+
+def this_kernel() -> KernelIdentity:
+    """The kernel this process runs on."""
+    return KernelIdentity(kernel_hz(), kernel_release(), tcp_syn_retries())
 
 
 def kernel_release() -> str:

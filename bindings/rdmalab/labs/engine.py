@@ -20,7 +20,8 @@ from .. import _core
 from ..api.cm import CmChannel
 from ..errors import Error, Hung, as_fault, deadline_ns, raise_parked
 from ..errors import duration_ns as duration_ns_of
-from ..faults.frontend import Faults, NoFaults
+from ..faults import Faults, NoFaults
+from ..findings import kernel
 from ..names import parse, sec
 from ..protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
 from ..api.verbs import Context, DeviceCaps, unwrap
@@ -89,7 +90,8 @@ class Host:
 
     def caps(self, device_name: str = "") -> DeviceCaps:
         """Capabilities of a device ("" = the first one) without opening it."""
-        return DeviceCaps.from_core(self._o.device_caps(device_name or self.devices[0]))
+        core = self._o.device_caps(device_name or self.devices[0])
+        return DeviceCaps.from_core(core, self.lab.kernel_identity(core))
 
     def process(self, name: str) -> Process:
         """Starts a new process named name."""
@@ -137,6 +139,10 @@ class EngineLab:
     # A kernel timer the model predicts to the tick (the timer wheel: rdmalab.api.cm_timing) runs
     # on a device that much later at most (softirq, workqueue, the event's way to the harness).
     timer_slack_ns = 0
+
+    def kernel_identity(self, caps: _core.DeviceCaps) -> kernel.KernelIdentity:
+        """The kernel this process runs on: the devices' host's."""
+        return kernel.this_kernel()
 
     def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
         """How long host's machine stood still between two lab times: what a timer or event
@@ -326,6 +332,11 @@ class ModelLab(EngineLab):
 
     def _make_faults(self):
         return Faults(self)
+
+    def kernel_identity(self, caps: _core.DeviceCaps) -> kernel.KernelIdentity:
+        """The kernel a personality copies: its timer tick and TCP sysctl from the engine."""
+        return kernel.KernelIdentity(caps.kernel_hz, kernel.MODEL_KERNEL_RELEASE,
+                                     caps.tcp_syn_retries)
 
     def run_for(self, duration_ns: int) -> None:
         self._o.run_for(duration_ns_of("run_for", duration_ns))

@@ -19,6 +19,8 @@ class LocalMachine:
     """Runs commands here. env: the environment commands see (None: this process's), e.g. a
     PATH without some tool to play a host that lacks it."""
 
+    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+
     def __init__(self, name: str = "local", facts: Optional[HostFacts] = None,
                  env: Optional[dict[str, str]] = None):
         self.name = name

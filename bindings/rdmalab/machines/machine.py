@@ -111,6 +111,12 @@ class Machine(Protocol):
     def alive(self) -> bool:
         """Cheap: does the machine answer at all (a qemu still running, an SSH login)?"""
 
+    # Where wire faults and captures can reach this host's data traffic besides the host itself
+    # and a switch (facts.wire): the machine of the Linux bridge its traffic crosses, whose
+    # nftables take at="bridge" rules and whose tcpdump sees every host's frames; None where
+    # no bridge of ours is on the path.
+    bridge_machine: Optional["Machine"]
+
 
 def wait_for_ssh(machine: Machine, deadline_s: float, poll_s: float = 1.0) -> float:
     """Polls `true` over the machine's run() until it answers; returns the seconds waited."""

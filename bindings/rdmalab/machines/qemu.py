@@ -24,6 +24,8 @@ GID_INDEX = {"rxe": 1, "siw": 0}
 class QemuMachine:
     """One guest of a vmlab VmGroup (rdmalab.machines.vmlab.vm.Vm)."""
 
+    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+
     def __init__(self, vm: "vm_mod.Vm", ssh_config, rdma: str):
         self.vm, self.ssh_config, self.rdma = vm, str(ssh_config), rdma
         self.name = vm.spec.name

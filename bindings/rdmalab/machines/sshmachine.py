@@ -59,6 +59,8 @@ class SshMachine:
     """One inventory host over SSH. Not thread-safe for the first call (the config is written
     lazily); commands themselves may run from several threads."""
 
+    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+
     def __init__(self, entry: HostEntry, known_hosts: str | os.PathLike,
                  agent_dir: str = DEFAULT_AGENT_DIR):
         self.entry = entry

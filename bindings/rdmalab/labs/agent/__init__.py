@@ -23,7 +23,7 @@ from .lab import AgentLab
 from .pool import AgentPool
 from .pools import inventory_pool, netns_pool, vm_pool
 from .process import AgentProcess
-from .wire import NftRule, SwitchRule
+from .sinks import NftRule, SwitchRule
 
 __all__ = [
     "AGENT_DIR", "SOFT_DEVICES", "AgentFaults", "AgentLab", "AgentPool", "AgentProcess", "Hung",

@@ -108,7 +108,7 @@ class AgentLab(LabRecords):
         m = self._machines[host]
         if m.facts.wire == WIRE_NFTABLES or device_label(m.facts.device) in SOFT_DEVICES:
             return ""
-        if m.facts.wire == WIRE_NFT_BRIDGE and getattr(m, "bridge_machine", None) is not None:
+        if m.facts.wire == WIRE_NFT_BRIDGE and m.bridge_machine is not None:
             return ""
         if m.facts.wire == WIRE_NFT_BRIDGE:
             return (f"{host} ({m.name}): wire faults through an nftables bridge on the path "

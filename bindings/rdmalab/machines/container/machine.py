@@ -26,6 +26,8 @@ PODMAN = "podman"
 class PodmanMachine:
     """One running container, reached with `podman exec` (root in the container)."""
 
+    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+
     def __init__(self, name: str, facts: Optional[HostFacts] = None):
         self.name = name
         self.facts = facts or HostFacts(device="")
