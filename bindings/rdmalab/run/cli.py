@@ -34,6 +34,7 @@ from . import inputs
 from ..report import junit as report
 from ..findings.agreement import TWIN
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
+from .labkinds import LAB_KINDS
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BINDINGS_DIR = PACKAGE_DIR.parent
@@ -104,15 +105,16 @@ def pytest_command(args, extra: list[str]) -> list[str]:
 
 
 def usable_labs(labs: list[str]) -> list[str]:
-    """The labs asked for, with VM labs replaced by the model where qemu cannot run here."""
-    from ..labs.agent import qemu_unavailable
+    """The labs asked for, each of a kind that cannot run here (the VM lab without qemu)
+    replaced by the model personalities of its devices, saying why."""
     out: list[str] = []
     for lab in labs or ["model"]:
-        why = qemu_unavailable() if lab.split(":")[0] == "vm" else None
+        kind = LAB_KINDS[lab.partition(":")[0]]
+        why = kind.unavailable()
         if why:
-            device = (lab.partition(":")[2] or "rxe").split(",")
-            model = ",".join(TWIN[d] for d in device if d in TWIN) or "roce"
-            print(f"rdmalab: --lab {lab}: the VM lab cannot run here ({why}); running the "
+            devices = inputs.lab_parts(lab)[1]
+            model = ",".join(TWIN[d] for d in devices if d in TWIN) or "roce"
+            print(f"rdmalab: --lab {lab}: the {kind.title} cannot run here ({why}); running the "
                   f"model (model:{model}) instead", file=sys.stderr)
             lab = f"model:{model}"
         if lab not in out:

@@ -14,6 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from .labkinds import LAB_KINDS, LabKind
+
 EXIT_PASSED = 0      # every result passed (or the command did what was asked)
 EXIT_FAILED = 1      # a result failed: a scenario, a checker, a divergence, a stale table
 EXIT_BAD_INPUT = 2   # bad input: an option, a lab, a file; nothing ran
@@ -21,9 +23,6 @@ EXIT_BAD_INPUT = 2   # bad input: an option, a lab, a file; nothing ran
 EXIT_HELP = """exit status: 0 passed; 1 a result failed; 2 bad input (an option, a lab or a file
 was refused before anything ran; the message names it)."""
 __doc__ += "\n\n" + EXIT_HELP
-
-LAB_KINDS = ("model", "vm", "netns", "inventory")
-SOFT_DEVICES = ("rxe", "siw")
 
 
 class BadInput(ValueError):
@@ -33,66 +32,59 @@ class BadInput(ValueError):
 # ---- labs ------------------------------------------------------------------------------------
 
 def lab_parts(text: str, cwd: Optional[str] = None) -> tuple[str, list[str]]:
-    """("model", [personalities]) | ("vm"|"netns", [devices]) | ("inventory", [absolute path]).
+    """(kind, names): ("model", [personalities]) | ("vm"|"netns", [devices]) |
+    ("inventory", [absolute path]); the kinds are rdmalab.run.labkinds'.
 
-    "model" alone is every personality; "vm" alone is rxe; "netns" alone is rxe. A colon with
-    nothing after it is refused (it names nothing), as is an unknown kind, personality or
+    A kind alone is its default names ("model": every personality; "vm", "netns": rxe). A colon
+    with nothing after it is refused (it names nothing), as is an unknown kind, personality or
     device. An inventory path is taken relative to cwd (the caller's directory) and must be
     a file; its content is checked by inventory()."""
     if not isinstance(text, str) or not text.strip():
         raise BadInput(f"--lab {text!r}: name a lab: {', '.join(LAB_KINDS)}")
-    kind, colon, rest = text.partition(":")
-    if kind not in LAB_KINDS:
-        raise BadInput(f"--lab {text!r}: unknown lab {kind!r}; available: model, "
-                       "model:PERSONALITY[,...], vm[:rxe,siw], netns[:rxe,siw], "
-                       "inventory:PATH")
+    name, colon, rest = text.partition(":")
+    kind = LAB_KINDS.get(name)
+    if kind is None:
+        raise BadInput(f"--lab {text!r}: unknown lab {name!r}; available: "
+                       + ", ".join(k.usage for k in LAB_KINDS.values()))
     if colon and not rest.strip():
-        raise BadInput(f"--lab {text!r}: nothing after the colon; write {kind} alone or "
-                       f"{_example(kind)}")
-    if kind == "inventory":
-        if not colon:
-            raise BadInput(f"--lab {text!r}: give the inventory file: inventory:PATH")
-        path = Path(cwd or os.getcwd(), os.path.expanduser(rest)).resolve() \
-            if not os.path.isabs(os.path.expanduser(rest)) else Path(os.path.expanduser(rest))
-        if not path.is_file():
-            raise BadInput(f"--lab {text!r}: no inventory file {path}")
-        return kind, [str(path)]
+        raise BadInput(f"--lab {text!r}: nothing after the colon; write {name} alone or "
+                       f"{kind.example}")
+    if kind.inventory_file:
+        return name, [_inventory_path(text, kind, rest if colon else None, cwd)]
     names = [n.strip() for n in rest.split(",")] if colon else []
     if any(not n for n in names):
         raise BadInput(f"--lab {text!r}: an empty name in the list")
-    if kind == "model":
-        every = personalities()
-        bad = [n for n in names if n not in every]
-        if bad:
-            raise BadInput(f"--lab {text!r}: unknown personality {', '.join(bad)}; known: "
-                           f"{', '.join(every)}")
-        return kind, names or every
-    bad = [n for n in names if n not in SOFT_DEVICES]
+    known = list(kind.known())
+    bad = [n for n in names if n not in known]
     if bad:
-        what = "VM lab" if kind == "vm" else "netns lab"
-        raise BadInput(f"--lab {text!r}: unknown {what} device {', '.join(bad)}; {what} "
-                       f"devices: {', '.join(SOFT_DEVICES)}")
-    return kind, names or ["rxe"]
+        raise BadInput(f"--lab {text!r}: "
+                       + kind.unknown.format(bad=", ".join(bad), known=", ".join(known)))
+    return name, names or list(kind.default or known)
 
 
-def _example(kind: str) -> str:
-    return {"model": "model:roce,ib", "vm": "vm:rxe,siw", "netns": "netns:rxe",
-            "inventory": "inventory:lab.toml"}[kind]
+def _inventory_path(text: str, kind: LabKind, rest: Optional[str], cwd: Optional[str]) -> str:
+    if rest is None:
+        raise BadInput(f"--lab {text!r}: give the {kind.title} file: {kind.usage}")
+    given = os.path.expanduser(rest)
+    path = Path(given) if os.path.isabs(given) else Path(cwd or os.getcwd(), given).resolve()
+    if not path.is_file():
+        raise BadInput(f"--lab {text!r}: no {kind.title} file {path}")
+    return str(path)
 
 
 def personalities() -> list[str]:
-    from ..labs.engine import personalities as every
-    return every()
+    """What --lab model:NAME takes: the model's personalities."""
+    return LAB_KINDS["model"].known()
 
 
 def lab(text: str, cwd: Optional[str] = None, *, read_inventory: bool = True) -> str:
     """The lab option made canonical (an inventory path absolute), its inventory read and
     checked; BadInput otherwise."""
     kind, names = lab_parts(text, cwd)
-    if kind == "inventory":
+    if LAB_KINDS[kind].inventory_file:
         if read_inventory:
             inventory(names[0])
-        return f"inventory:{names[0]}"
+        return f"{kind}:{names[0]}"
     colon = text.partition(":")[1]
     return f"{kind}:{','.join(names)}" if colon else kind
 

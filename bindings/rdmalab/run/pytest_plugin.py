@@ -57,10 +57,10 @@ import pytest
 from .. import _core
 from ..findings import agreement, registry as findings
 from . import inputs, metrics_pytest
+from .labkinds import LAB_KINDS, LabKind
 from ..report import junit as report
 from ..report.junit import history_name  # noqa: F401 (also imported from here)
 from ..errors import FaultNotSupported, WallClockTimeout, raise_parked
-from ..labs.engine import model_lab
 from ..protocol import Lab
 from ..names import parse
 from ..api.verbs import DeviceCaps
@@ -92,8 +92,12 @@ class LabSpec:
     personality: str
 
     @property
+    def kind(self) -> LabKind:
+        return LAB_KINDS[self.backend]
+
+    @property
     def id(self) -> str:
-        return f"{self.backend}-{LAB_KINDS[self.backend].label(self.personality)}"
+        return f"{self.backend}-{self.kind.label(self.personality)}"
 
     @property
     def option(self) -> str:
@@ -102,7 +106,9 @@ class LabSpec:
     def build(self, seed: int, hosts=DEFAULT_HOSTS, **options) -> Lab:
         """A lab of this spec (a host given as {name: {...}} may override the model's
         xrc_tgt_lifetime or personality; labs of real devices refuse model-only options)."""
-        return LAB_KINDS[self.backend].build(self, seed, hosts, **options)
+        if self.kind.pooled:
+            return agent_pool(self).lab(seed, list(hosts), **options)
+        return self.kind.build(self.personality, seed, hosts, **options)
 
     def caps(self) -> DeviceCaps:
         return _caps_of(self)
@@ -125,102 +131,6 @@ def _probe_caps(spec: LabSpec) -> DeviceCaps:
         return obtain(lab.host("probe").caps())
 
 
-class ModelKind:
-    """--lab model[:ib,roce]: the model, one column per personality."""
-
-    @staticmethod
-    def finding_key(caps: DeviceCaps) -> str:
-        return f"model:{caps.personality}"  # a personality that copies a device's finding
-
-    @staticmethod
-    def label(personality: str) -> str:
-        return personality
-
-    @staticmethod
-    def parse(text: str, names: list[str]) -> list[LabSpec]:
-        return [LabSpec("model", n) for n in names]
-
-    @staticmethod
-    def build(spec: LabSpec, seed: int, hosts, **options) -> Lab:
-        if isinstance(hosts, dict):
-            specs = {}
-            for name, host in hosts.items():
-                host = {"personality": host} if isinstance(host, str) else dict(host or {})
-                host.setdefault("personality", spec.personality)
-                specs[name] = host
-        else:
-            specs = {name: spec.personality for name in hosts}
-        return model_lab(seed=seed, hosts=specs, **options)
-
-
-class AgentKind:
-    """Labs whose hosts are machines running the host agent (rdmalab.labs.agent): one pool per
-    spec, started on first use, closed at the session's end."""
-
-    @staticmethod
-    def finding_key(caps: DeviceCaps) -> str:
-        return caps.personality  # the provider: "rxe", "siw", "mlx5"
-
-    @staticmethod
-    def build(spec: LabSpec, seed: int, hosts, **options):
-        return agent_pool(spec).lab(seed, list(hosts), **options)
-
-
-class VmKind(AgentKind):
-    """--lab vm[:rxe,siw]: the qemu VM lab, one column per device."""
-
-    @staticmethod
-    def pool(agentlab, spec: LabSpec):
-        return agentlab.vm_pool(_VM_HOSTS[0], spec.personality)
-
-    @staticmethod
-    def label(device: str) -> str:
-        return device
-
-    @staticmethod
-    def parse(text: str, names: list[str]) -> list[LabSpec]:
-        from ..labs.agent import qemu_unavailable
-        why = qemu_unavailable()
-        if why:
-            raise pytest.UsageError(f"--lab {text!r}: the VM lab cannot run here: {why}")
-        return [LabSpec("vm", n) for n in names]
-
-
-class NetnsKind(AgentKind):
-    """--lab netns[:rxe,siw]: hosts as network namespaces on one kernel (bindings/rdmalab/machines/netns.py), on
-    this machine's kernel where it can, else in one guest booted with one that can."""
-
-    @staticmethod
-    def pool(agentlab, spec: LabSpec):
-        return agentlab.netns_pool(_VM_HOSTS[0], spec.personality)
-
-    @staticmethod
-    def label(device: str) -> str:
-        return device
-
-    @staticmethod
-    def parse(text: str, names: list[str]) -> list[LabSpec]:
-        return [LabSpec("netns", n) for n in names]
-
-
-class InventoryKind(AgentKind):
-    """--lab inventory:PATH: the machines of a TOML inventory (bindings/rdmalab/machines/inventory.py)."""
-
-    @staticmethod
-    def pool(agentlab, spec: LabSpec):
-        return agentlab.inventory_pool(spec.personality, hosts=_VM_HOSTS[0])
-
-    @staticmethod
-    def label(path: str) -> str:
-        return os.path.splitext(os.path.basename(path))[0]
-
-    @staticmethod
-    def parse(text: str, names: list[str]) -> list[LabSpec]:
-        return [LabSpec("inventory", names[0])]  # an absolute path to a file (inputs)
-
-
-LAB_KINDS = {"model": ModelKind, "vm": VmKind, "netns": NetnsKind, "inventory": InventoryKind}
-VM_DEVICES = inputs.SOFT_DEVICES
 PROBE_DEADLINE_S = 30.0  # reaching every inventory host once at the session's start
 _POOLS: dict = {}
 _VM_HOSTS = [2]
@@ -229,8 +139,7 @@ _VM_HOSTS = [2]
 def agent_pool(spec: LabSpec):
     """The session's pool of machines for a spec, started on first use."""
     if spec not in _POOLS:
-        from ..labs import agent as agentlab
-        _POOLS[spec] = LAB_KINDS[spec.backend].pool(agentlab, spec)
+        _POOLS[spec] = spec.kind.pool(spec.personality, _VM_HOSTS[0])
     return _POOLS[spec]
 
 
@@ -263,10 +172,14 @@ def parse_lab_option(text: str) -> list[LabSpec]:
     one place labs are validated; a colon with nothing after it is refused); its BadInput is
     a pytest.UsageError. The inventory's content is checked by check_inventories."""
     try:
-        kind, names = inputs.lab_parts(text)
+        name, names = inputs.lab_parts(text)
     except inputs.BadInput as e:
         raise pytest.UsageError(str(e)) from None
-    return LAB_KINDS[kind].parse(text, names)
+    kind = LAB_KINDS[name]
+    why = kind.unavailable()
+    if why:
+        raise pytest.UsageError(f"--lab {text!r}: the {kind.title} cannot run here: {why}")
+    return [LabSpec(name, n) for n in names]
 
 
 def check_inventories(specs: list[LabSpec], deadline_s: float = PROBE_DEADLINE_S) -> None:
@@ -276,7 +189,7 @@ def check_inventories(specs: list[LabSpec], deadline_s: float = PROBE_DEADLINE_S
     answer), is one pytest.UsageError naming the file, line and field, or each host and why;
     never an error per scenario. A pytest-xdist worker does not probe again."""
     for spec in specs:
-        if spec.backend != "inventory":
+        if not spec.kind.inventory_file:
             continue
         try:
             inv = inputs.inventory(spec.personality)
@@ -448,7 +361,7 @@ def hosts(lab):
 def _start_evidence(item, lab, spec: LabSpec, settings: Settings, collectors: list):
     """An evidence.Collector begun for a device lab when bundles are wanted, else None. A
     test's second lab renames the first's bundle <stem>.1 (as its history is named)."""
-    if spec.backend == "model":
+    if not spec.kind.device:
         return None
     if not settings.evidence_dir:  # the kernel-log oracle needs a bundle to put splats in
         settings.evidence_dir = tempfile.mkdtemp(prefix="rdmalab-evidence-")
@@ -586,7 +499,7 @@ def pytest_collection_modifyitems(config, items):
             found = finding_on(mark, spec, registry(config))
             if found is None:
                 entry = finding_entry(mark, registry(config))
-                if LAB_KINDS[spec.backend].finding_key(spec.caps()) in entry.keys:
+                if spec.kind.finding_key(spec.caps()) in entry.keys:
                     # Fixed in this kernel, or not there yet: it must pass.
                     running = findings.release_version(spec.caps().kernel_release)
                     before = entry.since_in and running and running < entry.since_in
@@ -669,7 +582,7 @@ def pytest_runtest_setup(item):
     if spec is None and item.get_closest_marker("requires") is not None:
         pytest.fail(f"{item.nodeid}: @requires needs a lab (use the lab, hosts or lab_factory "
                     "fixture)", pytrace=False)
-    if spec is not None and spec.backend != "model":
+    if spec is not None and spec.kind.pooled:
         # The caps the report's row names, probed before the scenario's lab: after its
         # column's last scenario the machine pool closes, and a probe at the row's
         # teardown would start the pool again (~40 s on TCG guests) just for that.
@@ -812,9 +725,14 @@ def result_of(nodeid: str, props: dict) -> report.Result:
                          {k: str(v) for k, v in props.items()})
 
 
+def _device_column(result: report.Result) -> bool:
+    kind = LAB_KINDS.get(result.properties.get("backend"))
+    return kind is not None and kind.device
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     results = config.stash.get(_RESULTS, [])
-    if any(r.properties.get("backend") not in (None, "model") for r in results):
+    if any(_device_column(r) for r in results):
         terminalreporter.section("rdmalab: model vs device")
         try:
             reg = registry(config)

@@ -1,0 +1,122 @@
+"""The kinds of lab a --lab option names, one row each with what it can do: the one table the
+CLI (rdmalab.run.cli, rdmalab.run.inputs) and the pytest plugin read, so that no code above the
+Lab protocol compares a kind's name. A new kind of lab is a row here.
+
+  model      the model, one column per personality, in this process
+  vm         the qemu VM lab, one column per soft device (rxe, siw)
+  netns      hosts as network namespaces on one kernel (bindings/rdmalab/machines/netns.py)
+  inventory  the machines of a TOML inventory (bindings/rdmalab/machines/inventory.py)
+
+The CLI reads this table without the engine: the rows' builders import it when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Optional, Sequence
+
+SOFT_DEVICES = ("rxe", "siw")  # the devices `rdma link add` makes: the VM and netns labs'
+
+
+def _engine():
+    from ..labs import engine  # the engine (rdmalab._core): the CLI reads this table without it
+    return engine
+
+
+def _agentlab():
+    from ..labs import agent  # the engine and rpyc: the CLI reads this table without them
+    return agent
+
+
+def personalities() -> list[str]:
+    """The model's personalities ("ib", "roce", "iwarp-siw", ...)."""
+    return _engine().personalities()
+
+
+def _model_lab(personality: str, seed: int, hosts, **options):
+    """A model lab whose hosts have this personality; a host given as {name: {...}} may
+    override it, or the model's xrc_tgt_lifetime."""
+    if isinstance(hosts, dict):
+        specs = {}
+        for name, host in hosts.items():
+            host = {"personality": host} if isinstance(host, str) else dict(host or {})
+            host.setdefault("personality", personality)
+            specs[name] = host
+    else:
+        specs = {name: personality for name in hosts}
+    return _engine().model_lab(seed=seed, hosts=specs, **options)
+
+
+def _vm_pool(device: str, hosts: int):
+    return _agentlab().vm_pool(hosts, device)
+
+
+def _netns_pool(device: str, hosts: int):
+    return _agentlab().netns_pool(hosts, device)
+
+
+def _inventory_pool(path: str, hosts: int):
+    return _agentlab().inventory_pool(path, hosts=hosts)
+
+
+def _qemu_unavailable() -> Optional[str]:
+    return _agentlab().qemu_unavailable()
+
+
+def _runs_anywhere() -> Optional[str]:
+    return None
+
+
+def _itself(name: str) -> str:
+    return name
+
+
+def _file_stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabKind:
+    """One kind of lab: how --lab names it and what its labs can do."""
+    name: str     # the word before the colon
+    title: str    # what messages call it ("the VM lab cannot run here")
+    usage: str    # its forms, as the refusal of an unknown kind lists them
+    example: str  # a form with names, as the refusal of an empty list suggests
+    device: bool  # runs a kernel's RDMA device: evidence bundles, kernel logs, compared with the model
+    known: Callable[[], Sequence[str]] = tuple  # the names it takes after the colon
+    default: Optional[tuple[str, ...]] = None   # the names when none is given; None: every known
+    unknown: str = ""  # the refusal of names it does not know: .format(bad=, known=)
+    inventory_file: bool = False  # the name is an inventory file, whose hosts are reached first
+    build: Optional[Callable] = None  # (name, seed, hosts, **options) -> a Lab in this process
+    pool: Optional[Callable] = None   # (name, hosts) -> the AgentPool whose machines its labs use
+    unavailable: Callable[[], Optional[str]] = _runs_anywhere  # why it cannot run on this machine
+    label: Callable[[str], str] = _itself  # the column's label from the name
+
+    @property
+    def pooled(self) -> bool:
+        """Its labs take machines from a pool the session starts, and closes after the
+        kind's column."""
+        return self.pool is not None
+
+    def finding_key(self, caps) -> str:
+        """The findings registry's key for a lab of this kind: the driver ("rxe") on a device,
+        "model:<personality>" on the model (a personality that copies a device's finding)."""
+        return caps.personality if self.device else f"model:{caps.personality}"
+
+
+LAB_KINDS: dict[str, LabKind] = {kind.name: kind for kind in (
+    LabKind("model", "model", "model, model:PERSONALITY[,...]", "model:roce,ib", device=False,
+            known=personalities, unknown="unknown personality {bad}; known: {known}",
+            build=_model_lab),
+    LabKind("vm", "VM lab", "vm[:rxe,siw]", "vm:rxe,siw", device=True,
+            known=lambda: SOFT_DEVICES, default=("rxe",),
+            unknown="unknown VM lab device {bad}; VM lab devices: {known}",
+            pool=_vm_pool, unavailable=_qemu_unavailable),
+    LabKind("netns", "netns lab", "netns[:rxe,siw]", "netns:rxe", device=True,
+            known=lambda: SOFT_DEVICES, default=("rxe",),
+            unknown="unknown netns lab device {bad}; netns lab devices: {known}",
+            pool=_netns_pool),
+    LabKind("inventory", "inventory", "inventory:PATH", "inventory:lab.toml", device=True,
+            inventory_file=True, pool=_inventory_pool, label=_file_stem),
+)}
