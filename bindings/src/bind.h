@@ -34,6 +34,7 @@ inline constexpr Release kRelease{};
 void bind_errors(py::module_& m);
 void bind_callbacks(py::module_& m);
 void bind_types(py::module_& m);
+void bind_facts(py::module_& m);
 void bind_verbs(py::module_& m);
 void bind_lab(py::module_& m);
 void bind_stack(py::module_& m);

@@ -5,7 +5,6 @@
 
 #include "bind.h"
 #include "faults/rules.h"
-#include "model/personality.h"
 #include "rdmalab/model.h"
 #include "verbs/verbs_lab.h"
 
@@ -192,16 +191,6 @@ void bind_model_lab(py::module_& m) {
   def_fn(
       m, "make_lab", [](const model::LabOptions& o) { return gil_free_delete(model::make_lab(o)); },
       arg("options"), kRelease);
-  def_fn(m, "personalities", &model::personalities);
-  // A model personality's iWARP MPA timers, (reply_ms, request_ms): the one home of the fact
-  // (personality.cc cites the drivers) for bounds computed in Python (cm_timing.IwMpaTiming).
-  def_fn(
-      m, "iw_mpa_timeouts_ms",
-      [](const std::string& name) {
-        const model::Personality& p = model::personality(name);
-        return py::make_tuple(p.iw_mpa_reply_timeout_ms, p.iw_mpa_request_timeout_ms);
-      },
-      arg("personality"));
   // The fault switch's validation of a wire rule, for a lab that sends its rules to the switch:
   // the same error as the model's add_rule gives.
   def_fn(

@@ -7,6 +7,7 @@ PYBIND11_MODULE(_core, m) {
   b::bind_errors(m);
   b::bind_callbacks(m);
   b::bind_types(m);
+  b::bind_facts(m);
   b::bind_verbs(m);
   b::bind_lab(m);
   b::bind_stack(m);

@@ -1,18 +1,19 @@
 // The personality table. Sources: docs/semantics.md (section letter) and docs/vmlab.md
-// (observed on rxe, kernel 6.1). "(model)" marks a choice the sources do not settle.
+// (observed on rxe, kernel 6.1). "(model)" marks a choice the sources do not settle. The
+// provider facts (err_post, raises, ...) are the rows of the drivers each personality
+// predicts (rdmalab/driver_facts.h), with their sources there.
 #include "model/personality.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <map>
 
+#include "rdmalab/driver_facts.h"
 #include "rdmalab/error.h"
 #include "rdmalab/model.h"
 
 namespace rdmalab::model {
 namespace {
-
-using E = AsyncEventType;
 
 DeviceCaps base_caps(const std::string& name, Transport t) {
   DeviceCaps c;
@@ -35,84 +36,49 @@ DeviceCaps base_caps(const std::string& name, Transport t) {
   return c;
 }
 
+// A personality's caps: the base, then the provider facts of the driver it predicts. Its QPs
+// always report their state (ibv_query_qp), as siw does since 6.8.
+DeviceCaps driver_caps(const std::string& name, Transport t, const std::string& driver) {
+  DeviceCaps c = base_caps(name, t);
+  apply_driver_facts(driver_facts(driver), c);
+  return c;
+}
+
 Personality roce() {
   Personality p;
-  p.caps = base_caps("roce", Transport::RoCE);
-  p.caps.xrc = false;                       // vmlab.md: no XRC bit, ibv_open_xrcd -> EOPNOTSUPP
-  p.caps.err_post = ErrPostPolicy::kFlush;  // semantics.md C: rxe flushes posts in ERR
-  p.caps.retry_cnt_7_infinite = true;       // vmlab.md: rxe_comp.c treats retry_cnt 7 as infinite
-  // semantics.md E (rxe triggers) and vmlab.md: no QP_FATAL, COMM_EST, LAST_WQE_REACHED.
-  p.caps.raises = {E::CQ_ERR, E::PORT_ERR, E::PORT_ACTIVE, E::SRQ_LIMIT_REACHED, E::SQ_DRAINED};
+  p.caps = driver_caps("roce", Transport::RoCE, "rxe");
+  p.caps.xrc = false;                    // vmlab.md: no XRC bit, ibv_open_xrcd -> EOPNOTSUPP
   p.qpn_policy = QpnPolicy::kIncrement;  // vmlab.md: first QPN 17, then 18 (cyclic allocation)
   p.first_qpn = 17;
-  p.max_qpn = 0x1ffff;                    // (model) wrap point of the cyclic range
-  p.cq_overflow = CqOverflow::kLoseEach;  // vmlab.md: CQ_ERR per lost completion, QP stays RTS
+  p.max_qpn = 0x1ffff;                       // (model) wrap point of the cyclic range
+  p.cq_overflow = CqOverflow::kLoseEach;     // vmlab.md: CQ_ERR per lost completion, QP stays RTS
   p.cq_rounding = CqRounding::kPow2PlusOne;  // rxe_queue.c rxe_queue_init, rxe_cq_from_init
-  p.send_port_down_loc_qp_op_err = true;  // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
-  p.guid_base = 0x5054001234560000ull;    // (model) rxe derives the GUID from the MAC
-  p.caps.local_ca_ack_delay = 15;         // rxe_param.h RXE_LOCAL_CA_ACK_DELAY
-  // rxe sets no .disassociate_ucontext (6.1, 7.2): uverbs_main.c ib_uverbs_remove_one waits
-  // in wait_for_completion until every user closes the device, and raises nothing (Q3).
-  p.caps.disassociates = false;
+  p.send_port_down_loc_qp_op_err = true;     // vmlab.md: send while down -> LOC_QP_OP_ERR, QP ERR
+  p.guid_base = 0x5054001234560000ull;       // (model) rxe derives the GUID from the MAC
+  p.caps.local_ca_ack_delay = 15;            // rxe_param.h RXE_LOCAL_CA_ACK_DELAY
   return p;
 }
 
 Personality ib(XrcTgtLifetime rule, const std::string& name) {
   Personality p;
-  p.caps = base_caps(name, Transport::IB);
-  p.caps.xrc = true;                        // semantics.md D: mlx4, mlx5 support XRC
-  p.caps.xrc_tgt_lifetime = rule;           // semantics.md D: kHandle today, kXrcd in 2007/2011
-  p.caps.err_post = ErrPostPolicy::kFlush;  // semantics.md G: IB posts in ERR complete as flush
-  // semantics.md E: mlx5 dispatches every QP, CQ, SRQ and port event.
-  p.caps.raises = {E::CQ_ERR,
-                   E::QP_FATAL,
-                   E::QP_REQ_ERR,
-                   E::QP_ACCESS_ERR,
-                   E::COMM_EST,
-                   E::SQ_DRAINED,
-                   E::PATH_MIG,
-                   E::PATH_MIG_ERR,
-                   E::DEVICE_FATAL,
-                   E::PORT_ACTIVE,
-                   E::PORT_ERR,
-                   E::LID_CHANGE,
-                   E::PKEY_CHANGE,
-                   E::SM_CHANGE,
-                   E::SRQ_ERR,
-                   E::SRQ_LIMIT_REACHED,
-                   E::QP_LAST_WQE_REACHED,
-                   E::CLIENT_REREGISTER,
-                   E::GID_CHANGE};
+  p.caps = driver_caps(name, Transport::IB, "mlx5");
+  p.caps.xrc = true;                     // semantics.md D: mlx4, mlx5 support XRC
+  p.caps.xrc_tgt_lifetime = rule;        // semantics.md D: kHandle today, kXrcd in 2007/2011
   p.qpn_policy = QpnPolicy::kIncrement;  // semantics.md E: mlx5 assigns QPNs by increment
   p.first_qpn = 0x100;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model) mlx5: CQ overflow is a CQ error, QPs to ERR
   // mlx5_ib_create_cq: entries = roundup_pow_of_two(n + 1), ibcq.cqe = entries - 1 (libmlx5
   // asks for align_queue_size(n + 1) - 1: the same); the ring holds entries (Q11, inference).
   p.cq_rounding = CqRounding::kPow2PlusOneRing;
-  p.guid_base = 0x0002c90300000000ull;    // (model) a Mellanox OUI
-  // mlx5 main.c:3715 (6.1) .disassociate_ucontext: ib_uverbs_remove_one ->
-  // ib_uverbs_free_hw_resources, RDMA_REMOVE_DRIVER_REMOVE queues DEVICE_FATAL (Q3).
-  p.caps.disassociates = true;
+  p.guid_base = 0x0002c90300000000ull;  // (model) a Mellanox OUI
   return p;
 }
 
 Personality iwarp_cxgb4() {
   Personality p;
-  p.caps = base_caps("iwarp-cxgb4", Transport::iWARP);
-  p.caps.xrc = false;                        // semantics.md D: no XRC on cxgb4
-  p.caps.ud = false;                         // iWARP is connected only
-  p.caps.err_post = ErrPostPolicy::kRefuse;  // semantics.md C: libcxgb4 returns EINVAL in ERR
-  // (model) iw_cxgb4 posts QP_FATAL/QP_REQ_ERR/QP_ACCESS_ERR from its error CQEs, and port events.
-  // SRQ_LIMIT_REACHED: qp.c c4iw_dispatch_srq_limit_reached_event (from c4iw_poll_cq's
-  // simulated notification, cq.c, and the firmware's with T4_SRQ_LIMIT_SUPPORT).
-  // No DEVICE_FATAL: only uverbs disassociation raises it, and cxgb4 has no
-  // .disassociate_ucontext (Q3).
-  p.caps.raises = {E::QP_FATAL,    E::QP_REQ_ERR, E::QP_ACCESS_ERR, E::CQ_ERR,
-                   E::PORT_ACTIVE, E::PORT_ERR,   E::SRQ_LIMIT_REACHED};
-  p.caps.disassociates = false;  // no .disassociate_ucontext in 6.1 or 7.2 (Q3)
-  // cm.c:111 ep_timeout_secs = 60: c4iw_ep_disconnect starts the ep timer; process_timeout in
-  // CLOSING/MORIBUND: QP to ERROR, close_complete_upcall(ep, -ETIMEDOUT), then an abort (Q5).
-  p.caps.iw_close_timeout_s = 60;
+  p.caps = driver_caps("iwarp-cxgb4", Transport::iWARP, "cxgb4");
+  p.caps.xrc = false;        // semantics.md D: no XRC on cxgb4
+  p.caps.ud = false;         // iWARP is connected only
   p.qp_error_aborts = true;  // qp.c c4iw_modify_qp RTS -> ERROR: abort = 1, c4iw_ep_disconnect
   // cm.c:111 ep_timeout_secs = 60 (module parameter) and start_ep_timer: jiffies +
   // ep_timeout_secs * HZ, in 6.1.192 and 7.2.13. Active: send_mpa_req starts it (MPA_REQ_SENT);
@@ -128,34 +94,15 @@ Personality iwarp_cxgb4() {
   p.cq_rounding = CqRounding::kCxgb4;
   // cm.c process_mpa_reply: MPA_REJECT -> err = -ECONNREFUSED -> connect_reply_upcall(ep, err).
   p.mpa_reject_status = -ECONNREFUSED;
-  p.guid_base = 0x0007430000000000ull;    // (model) a Chelsio OUI
+  p.guid_base = 0x0007430000000000ull;  // (model) a Chelsio OUI
   return p;
 }
 
 Personality iwarp_siw() {
   Personality p;
-  p.caps = base_caps("iwarp-siw", Transport::iWARP);
+  p.caps = driver_caps("iwarp-siw", Transport::iWARP, "siw");
   p.caps.xrc = false;  // semantics.md D: no XRC on siw
   p.caps.ud = false;
-  // User QPs, which rdmalab drives: libsiw writes WRs into the mapped queues with no system
-  // call, so a WR posted in ERROR is never flushed (finding
-  // siw-user-posts-in-error-are-never-flushed; kernel QPs would be kFlushAtOnce, siw_post_send).
-  p.caps.err_post = ErrPostPolicy::kStrand;
-  // semantics.md E (siw triggers).
-  // SRQ_LIMIT_REACHED: siw_qp_rx.c siw_rqe_get -> siw_srq_event (armed SRQ below its limit).
-  // No DEVICE_FATAL: only uverbs disassociation raises it, and siw has no
-  // .disassociate_ucontext (Q3).
-  p.caps.raises = {E::QP_FATAL, E::QP_REQ_ERR,  E::SQ_DRAINED, E::CQ_ERR,
-                   E::PORT_ACTIVE, E::PORT_ERR, E::LID_CHANGE, E::SRQ_LIMIT_REACHED};
-  p.caps.disassociates = false;  // no .disassociate_ucontext in 6.1 or 7.2 (Q3)
-  // siw_qp_tx.c siw_qp_sq_process: a signalled SEND/WRITE completes once its last FPDU is
-  // accepted by the local TCP socket, not when acknowledged (Q4).
-  p.caps.send_completes_on_handoff = true;
-  // siw_cm.c siw_connect: a blocking kernel_bindconnect in the caller's rdma_connect; a refused
-  // or unanswered TCP connect fails the call (ECONNREFUSED / ETIMEDOUT), no event (Q6).
-  p.caps.connect_is_synchronous = true;
-  // siw_cm.c siw_qp_cm_drop(qp, 0): IW_CM_EVENT_CLOSE(0) at once, the socket released (Q5).
-  p.caps.iw_close_timeout_s = 0;
   // siw_cm.h MPAREQ_TIMEOUT (HZ * 10) and MPAREP_TIMEOUT (HZ * 5), the same in 6.1.192 and
   // 7.2.13; siw_cm.c siw_cm_queue_work(SIW_CM_WORK_MPATIMEOUT) queues the delayed work with
   // MPAREQ_TIMEOUT in SIW_EPSTATE_AWAIT_MPAREP (siw_connect, after its MPA request) and
@@ -164,7 +111,7 @@ Personality iwarp_siw() {
   // CONNECT_REPLY -ETIMEDOUT; AWAIT_MPAREQ -> the socket released; other states: nothing.
   p.iw_mpa_reply_timeout_ms = 10000;
   p.iw_mpa_request_timeout_ms = 5000;
-  p.qpn_policy = QpnPolicy::kIncrement;                           // (model)
+  p.qpn_policy = QpnPolicy::kIncrement;  // (model)
   p.first_qpn = 1;
   p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full
   p.cq_rounding = CqRounding::kPow2;      // siw_verbs.c siw_create_cq: roundup_pow_of_two(n)
@@ -174,20 +121,18 @@ Personality iwarp_siw() {
   // RDMA_MODE; SIW_CM_WORK_PEER_CLOSE: DISCONNECT then CLOSE, both 0), and cma_iw_handler
   // passes the status through: DISCONNECTED status 0 (cxgb4's peer_abort: -ECONNRESET).
   p.abort_close_status = 0;
-  p.iwarp_closing = true;                 // seed 000, semantics.md F
-  p.closing_flushes_rq = true;            // siw_qp_nextstate_from_rts, CLOSING: siw_rq_flush
-  p.guid_base = 0x0250560000000000ull;    // (model)
+  p.iwarp_closing = true;               // seed 000, semantics.md F
+  p.closing_flushes_rq = true;          // siw_qp_nextstate_from_rts, CLOSING: siw_rq_flush
+  p.guid_base = 0x0250560000000000ull;  // (model)
   return p;
 }
 
 Personality mana() {
   Personality p;
-  p.caps = base_caps("mana", Transport::RoCE);
+  p.caps = driver_caps("mana", Transport::RoCE, "mana");
   p.caps.xrc = false;  // semantics.md D: XRC only on mlx4/mlx5/hns/qedr
   p.caps.srq = false;  // (model) mana_ib has no SRQ: create_srq EOPNOTSUPP
-  p.caps.err_post = ErrPostPolicy::kFlush;
-  p.caps.raises = {E::QP_FATAL};          // semantics.md E: mana_ib_event_handler, QP_FATAL only
-  // 6.1.192 mana has no .disassociate_ucontext (7.2 has, device.c:38); the model is 6.1 (Q3).
+  // The row's is 7.2's; 6.1.192 mana has no .disassociate_ucontext, and the model is 6.1 (Q3).
   p.caps.disassociates = false;
   p.qpn_policy = QpnPolicy::kLifo;        // semantics.md E, seed 002: freed QPN to next create
   p.first_qpn = 0x40;                     // (model)

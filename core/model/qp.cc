@@ -480,6 +480,10 @@ QpAttr ModelQp::query() const {
   return core_->query();
 }
 
+const DeviceCaps& ModelQp::device_caps() const {
+  return core_->dev.caps;
+}
+
 void ModelQp::post_send(const SendWr& wr) {
   enter("ibv_post_send", core_->qpn);
   check_device("ibv_post_send");

@@ -166,6 +166,7 @@ class ModelQp final : public ModelObject<Qp>, public Owned {
   void post_recv(const RecvWr& wr) override;
   void destroy(TimeNs deadline_ns) override;
   bool is_open_handle() const override { return open_handle_; }
+  const DeviceCaps& device_caps() const override;
 
   Rank rank() const override { return Rank::kQp; }
   uint64_t owned_id() const override { return st_.id; }

@@ -163,8 +163,7 @@ void record_end(Traffic& traffic, const Qp& qp, const DrainReport& r) {
 }  // namespace
 
 DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq,
-                     TimeNs deadline_ns, AsyncDispatcher* dispatcher, Srq* srq,
-                     ErrPostPolicy err_post) {
+                     TimeNs deadline_ns, AsyncDispatcher* dispatcher, Srq* srq) {
   // Everything of the QP's context (and the traffic's host), before the QP is touched.
   const std::string verb = "drain";
   check_owner(traffic.scope(), qp, verb, "qp");
@@ -201,7 +200,7 @@ DrainReport drain_qp(Runtime& rt, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& rec
   modify_to_err(qp, notes);
   QueueDrain sq{WorkQueue::SQ, qp.qp_type() != QpType::XRC_RECV, std::nullopt};
   QueueDrain rq{WorkQueue::RQ, srq == nullptr && qp.qp_type() != QpType::XRC_SEND, std::nullopt};
-  if (err_post == ErrPostPolicy::kStrand) {
+  if (qp.device_caps().err_post == ErrPostPolicy::kStrand) {
     // A marker would never complete: count the flushes of what is outstanding instead.
     notes.emplace_back("the provider strands WRs posted in ERR (err_post strand): counting");
   } else {

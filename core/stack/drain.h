@@ -39,10 +39,10 @@ struct DrainReport {
 // through the dispatcher. Never waits past deadline_ns: an unfinished drain returns
 // complete = false. With a dispatcher, a CQ_ERR on send_cq or recv_cq ends the drain at once
 // (cq_overflow names the CQ). The caller stops other posters to this QP, as ib_drain_qp requires.
-// err_post: what the QP's provider does with a post in ERR (DeviceCaps::err_post); kStrand
-// and kRefuse mean no markers: the drain counts the flushes of what is outstanding.
+// What the QP's provider does with a post in ERR is its device's caps.err_post: on kStrand the
+// drain posts no markers and counts the flushes of what is outstanding; on kRefuse it comes to
+// that when the marker is refused.
 DrainReport drain_qp(Runtime& runtime, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq,
-                     TimeNs deadline_ns, AsyncDispatcher* dispatcher = nullptr, Srq* srq = nullptr,
-                     ErrPostPolicy err_post = ErrPostPolicy::kFlush);
+                     TimeNs deadline_ns, AsyncDispatcher* dispatcher = nullptr, Srq* srq = nullptr);
 
 }  // namespace rdmalab::stack

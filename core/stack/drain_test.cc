@@ -38,10 +38,9 @@ TEST_P(DrainTest, HundredOutstandingCompleteExactlyOnce) {
   const uint64_t sends = handoff ? 0 : 50;  // SEND WRs the drain has to flush
   ASSERT_EQ(ledger.outstanding(qa->label(), WorkQueue::SQ), 50u);  // none polled yet
 
-  // The provider's answer to a post in ERR, as the Python drain passes it (stack.py).
+  // The drain asks the QP's device what a post in ERR does (caps.err_post).
   const DrainReport r =
-      drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq, lab.in(2 * kNsPerSec), nullptr,
-               nullptr, lab.a.ctx->caps().err_post);
+      drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq, lab.in(2 * kNsPerSec));
   EXPECT_TRUE(r.complete) << r.detail;
   EXPECT_EQ(r.method, GetParam().method) << r.detail;
   EXPECT_EQ(r.outstanding_sq, 50u);
@@ -66,8 +65,7 @@ TEST_P(DrainTest, IdleQpDrainsAtOnce) {
   auto [qa, qb] = lab.connected_pair();
   CompletionLedger ledger;
   Traffic traffic(lab.rt(), ledger);
-  const DrainReport r = drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq, lab.in(kNsPerSec),
-                                 nullptr, nullptr, lab.a.ctx->caps().err_post);
+  const DrainReport r = drain_qp(lab.rt(), *qa, traffic, *lab.a.cq, *lab.a.cq, lab.in(kNsPerSec));
   EXPECT_TRUE(r.complete) << r.detail;
   EXPECT_EQ(r.flushed, 0u);
   EXPECT_TRUE(ledger.check().exactly_once());

@@ -1,14 +1,12 @@
 #include "verbs/convert.h"
 
-#include <algorithm>
-#include <iterator>
-
 #include <arpa/inet.h>
 #include <sys/utsname.h>
 
 #include <cstdio>
 #include <cstring>
 
+#include "rdmalab/driver_facts.h"
 #include "rdmalab/error.h"
 
 namespace rdmalab::verbs {
@@ -348,13 +346,14 @@ Transport transport_of(ibv_node_type node_type, uint8_t link_layer) {
   return Transport::IB;
 }
 
-// The running kernel's release is at least major.minor (uname(2); "6.1.0-56-amd64").
-static bool kernel_at_least(int major, int minor) {
+// The running kernel's release is at least r (uname(2); "6.1.0-56-amd64"); {0, 0}: any.
+static bool kernel_at_least(KernelRelease r) {
+  if (r.major == 0) return true;
   utsname u{};
   if (uname(&u) != 0) return false;
   int ma = 0, mi = 0;
   if (std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > major || (ma == major && mi >= minor);
+  return ma > r.major || (ma == r.major && mi >= r.minor);
 }
 
 DeviceCaps caps_from(const DeviceFacts& f) {
@@ -377,42 +376,14 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   c.max_mr = static_cast<uint32_t>(a.max_mr);
   c.phys_port_cnt = a.phys_port_cnt;
   c.local_ca_ack_delay = a.local_ca_ack_delay;
-  // Not discoverable from the device: documented guesses (semantics.md C). IB/RoCE providers
-  // flush posts to an ERR QP; user-space iWARP (libcxgb4) refuses them. Scenarios that depend
-  // on it must probe, not trust this.
-  c.err_post = c.transport == Transport::iWARP ? ErrPostPolicy::kRefuse : ErrPostPolicy::kFlush;
-  // User-space siw (this backend's QPs): the kernel flushes only WRs posted through it.
-  if (f.driver == "siw") c.err_post = ErrPostPolicy::kStrand;
   c.xrc_tgt_lifetime = XrcTgtLifetime::kUnknown;
-  c.retry_cnt_7_infinite = f.driver == "rxe";
-  // siw_verbs.c siw_query_qp sets no qp_state before v6.8 ("RDMA/siw: Set qp_state in
-  // siw_query_qp"; findings.toml siw-query-qp-reports-no-state).
-  c.reports_qp_state = f.driver != "siw" || kernel_at_least(6, 8);
-  // uverbs disassociation: drivers with .disassociate_ucontext (6.1.192: mlx4, mlx5, hns,
-  // irdma; 7.2 adds mana, bnxt_re, erdma, ionic). The others' removal waits for the users.
-  static const char* const kDisassociate[] = {"mlx4", "mlx5", "hns", "irdma",
-                                              "mana", "bnxt_re", "erdma", "ionic"};
-  c.disassociates = std::find(std::begin(kDisassociate), std::end(kDisassociate), f.driver) !=
-                    std::end(kDisassociate);
-  c.send_completes_on_handoff = f.driver == "siw";  // siw_qp_tx.c siw_qp_sq_process
-  c.connect_is_synchronous = f.driver == "siw";     // siw_cm.c siw_connect, blocking connect
-  if (f.driver == "cxgb4") c.iw_close_timeout_s = 60;  // cm.c ep_timeout_secs
-  c.raises = documented_events(f.driver);
+  // Not discoverable from the device: the driver's row (rdmalab/driver_facts.h). Scenarios
+  // that depend on a guess (a row without err_post) must probe, not trust it.
+  const DriverFacts d = driver_facts(f.driver);
+  apply_driver_facts(d, c);
+  c.reports_qp_state = kernel_at_least(d.reports_qp_state_since);
+  c.raises = device_raises(d);
   return c;
-}
-
-std::vector<AsyncEventType> documented_events(const std::string& driver) {
-  using E = AsyncEventType;
-  // What each provider was seen or is documented to raise by itself; empty = unknown, and a
-  // scenario that needs an event skips on it rather than wait for what may never come.
-  if (driver == "rxe") {  // vmlab.md, measured in the VM lab
-    return {E::CQ_ERR, E::PORT_ERR, E::PORT_ACTIVE, E::SRQ_LIMIT_REACHED, E::SQ_DRAINED};
-  }
-  if (driver == "siw") {  // semantics.md E (siw triggers); SRQ limit: siw_rqe_get (siw_qp_rx.c)
-    return {E::QP_FATAL, E::QP_REQ_ERR, E::SQ_DRAINED, E::CQ_ERR,          E::PORT_ACTIVE,
-            E::PORT_ERR, E::LID_CHANGE, E::DEVICE_FATAL, E::SRQ_LIMIT_REACHED};
-  }
-  return {};
 }
 
 }  // namespace rdmalab::verbs

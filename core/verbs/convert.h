@@ -65,8 +65,6 @@ struct DeviceFacts {
   ibv_device_attr_ex attr{};
 };
 DeviceCaps caps_from(const DeviceFacts& f);
-// The async events a provider (by driver name) is known to raise by itself; {} = unknown.
-std::vector<AsyncEventType> documented_events(const std::string& driver);
 Transport transport_of(ibv_node_type node_type, uint8_t link_layer);
 
 }  // namespace rdmalab::verbs

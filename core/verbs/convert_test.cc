@@ -2,6 +2,10 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sys/utsname.h>
+
+#include <cstdio>
+#include <set>
 
 #include "rdmalab/error.h"
 
@@ -205,32 +209,97 @@ TEST(Convert, TransportFromNodeTypeAndLinkLayer) {
   EXPECT_EQ(transport_of(IBV_NODE_RNIC, IBV_LINK_LAYER_ETHERNET), Transport::iWARP);
 }
 
-// Provider facts per driver (findings.toml provider-fact entries): what the model's
-// personality for each driver predicts.
-TEST(Convert, ProviderFactsPerDriver) {
-  DeviceFacts f;
-  f.node_type = IBV_NODE_CA;
-  f.port1_link_layer = IBV_LINK_LAYER_ETHERNET;
-  auto caps_of = [&](const char* driver, ibv_node_type type) {
-    f.driver = driver;
-    f.node_type = type;
-    return caps_from(f);
-  };
-  const DeviceCaps rxe = caps_of("rxe", IBV_NODE_CA);
-  EXPECT_FALSE(rxe.disassociates);  // no disassociate_ucontext: removal waits for users
-  EXPECT_FALSE(rxe.send_completes_on_handoff);
-  EXPECT_FALSE(rxe.connect_is_synchronous);
-  const DeviceCaps mlx5 = caps_of("mlx5", IBV_NODE_CA);
-  EXPECT_TRUE(mlx5.disassociates);
-  const DeviceCaps siw = caps_of("siw", IBV_NODE_RNIC);
-  EXPECT_FALSE(siw.disassociates);
-  EXPECT_TRUE(siw.send_completes_on_handoff);
-  EXPECT_TRUE(siw.connect_is_synchronous);
-  EXPECT_EQ(siw.iw_close_timeout_s, 0);
-  const DeviceCaps cxgb4 = caps_of("cxgb4", IBV_NODE_RNIC);
-  EXPECT_FALSE(cxgb4.disassociates);
-  EXPECT_FALSE(cxgb4.connect_is_synchronous);
-  EXPECT_EQ(cxgb4.iw_close_timeout_s, 60);
+// The running kernel's release is at least 6.8 (what siw's reports_qp_state depends on).
+bool kernel_at_least_6_8() {
+  utsname u{};
+  int ma = 0, mi = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > 6 || (ma == 6 && mi >= 8);
+}
+
+// What caps_from said per driver before the driver facts table (its if-lines), one row each:
+// the table must keep every answer.
+struct OldFacts {
+  const char* driver;
+  ibv_node_type node_type;
+  uint8_t link_layer;
+  ErrPostPolicy err_post;
+  bool retry_cnt_7_infinite;
+  bool siw_query;  // reports_qp_state only from 6.8
+  bool disassociates;
+  bool siw_like;  // send_completes_on_handoff and connect_is_synchronous
+  uint16_t iw_close_timeout_s;
+  std::vector<AsyncEventType> raises;
+};
+
+using Ev = AsyncEventType;
+constexpr auto kCa = IBV_NODE_CA;
+constexpr auto kRnic = IBV_NODE_RNIC;
+constexpr uint8_t kEth = IBV_LINK_LAYER_ETHERNET;
+constexpr uint8_t kIb = IBV_LINK_LAYER_INFINIBAND;
+constexpr auto kFlush = ErrPostPolicy::kFlush;
+constexpr auto kRefuse = ErrPostPolicy::kRefuse;
+
+const OldFacts kOldFacts[] = {
+    {"rxe",
+     kCa,
+     kEth,
+     kFlush,
+     true,
+     false,
+     false,
+     false,
+     0,
+     {Ev::CQ_ERR, Ev::PORT_ERR, Ev::PORT_ACTIVE, Ev::SRQ_LIMIT_REACHED, Ev::SQ_DRAINED}},
+    {"siw",
+     kRnic,
+     kEth,
+     ErrPostPolicy::kStrand,
+     false,
+     true,
+     false,
+     true,
+     0,
+     {Ev::QP_FATAL, Ev::QP_REQ_ERR, Ev::SQ_DRAINED, Ev::CQ_ERR, Ev::PORT_ACTIVE, Ev::PORT_ERR,
+      Ev::LID_CHANGE, Ev::DEVICE_FATAL, Ev::SRQ_LIMIT_REACHED}},
+    {"cxgb4", kRnic, kEth, kRefuse, false, false, false, false, 60, {}},
+    {"mlx5", kCa, kIb, kFlush, false, false, true, false, 0, {}},
+    {"mlx5", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"mlx4", kCa, kIb, kFlush, false, false, true, false, 0, {}},
+    {"mana", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"irdma", kRnic, kEth, kRefuse, false, false, true, false, 0, {}},
+    {"irdma", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"bnxt_re", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"hns", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"erdma", kRnic, kEth, kRefuse, false, false, true, false, 0, {}},
+    {"ionic", kCa, kEth, kFlush, false, false, true, false, 0, {}},
+    {"efa", kCa, kIb, kFlush, false, false, false, false, 0, {}},  // no row: the defaults
+    {"qedr", kRnic, kEth, kRefuse, false, false, false, false, 0, {}},
+};
+
+std::multiset<Ev> as_set(const std::vector<Ev>& v) {
+  return {v.begin(), v.end()};
+}
+
+TEST(Convert, ProviderFactsAsTheOldIfLines) {
+  for (const OldFacts& o : kOldFacts) {
+    DeviceFacts f;
+    f.driver = o.driver;
+    f.node_type = o.node_type;
+    f.port1_link_layer = o.link_layer;
+    const DeviceCaps c = caps_from(f);
+    SCOPED_TRACE(std::string(o.driver) + (o.node_type == kRnic ? " (iWARP)" : ""));
+    EXPECT_EQ(c.personality, o.driver);
+    EXPECT_EQ(c.err_post, o.err_post);
+    EXPECT_EQ(c.retry_cnt_7_infinite, o.retry_cnt_7_infinite);
+    EXPECT_EQ(c.reports_qp_state, !o.siw_query || kernel_at_least_6_8());
+    EXPECT_EQ(c.disassociates, o.disassociates);
+    EXPECT_EQ(c.send_completes_on_handoff, o.siw_like);
+    EXPECT_EQ(c.connect_is_synchronous, o.siw_like);
+    EXPECT_EQ(c.iw_close_timeout_s, o.iw_close_timeout_s);
+    EXPECT_EQ(as_set(c.raises), as_set(o.raises));  // an event list's order is no fact
+    EXPECT_EQ(c.xrc_tgt_lifetime, XrcTgtLifetime::kUnknown);
+  }
 }
 
 TEST(Convert, CapsFromDeviceAttr) {

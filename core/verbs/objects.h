@@ -200,6 +200,7 @@ class VerbsQp final : public VerbsObject<Qp> {
   void post_recv(const RecvWr& wr) override;
   void destroy(TimeNs deadline_ns) override;
   bool is_open_handle() const override { return open_handle_; }
+  const DeviceCaps& device_caps() const override { return context_state().caps; }
   int rank() const override { return 0; }
   void release() noexcept override;
 

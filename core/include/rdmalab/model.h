@@ -17,13 +17,14 @@
 
 namespace rdmalab::model {
 
-// Device personalities (core/model/personality.cc holds the table and its sources):
-//   "roce"        rxe-like: RoCE, no XRC, retry_cnt 7 = infinite, QPNs cyclic from 17
-//   "ib"          mlx5-like: IB, XRC (TGT QP lives while a handle is open), incrementing QPNs
+// Device personalities (core/model/personality.cc; the provider facts of the drivers they
+// predict are rdmalab/driver_facts.h's rows, with their sources):
+//   "roce"        rxe: RoCE, no XRC, QPNs cyclic from 17
+//   "ib"          mlx5, mlx4: IB, XRC (TGT QP lives while a handle is open), incrementing QPNs
 //   "ib-legacy"   "ib" with the legacy XRC rule (TGT QP lives until the XRCD's last reference)
-//   "iwarp-cxgb4" iWARP; a post in ERROR is refused (EINVAL), as user-space libcxgb4 does
-//   "iwarp-siw"   iWARP; a post in ERROR completes at once as a flush, as siw does
-//   "mana"        RoCE; a freed QPN goes to the next create
+//   "iwarp-cxgb4" cxgb4: iWARP
+//   "iwarp-siw"   siw: iWARP
+//   "mana"        mana: RoCE; a freed QPN goes to the next create
 std::vector<std::string> personalities();
 
 struct HostSpec {
