@@ -60,7 +60,7 @@ def remark(s: Schedule) -> Schedule:
     """A drawn schedule with its may_miss marks made anew for its steps (see above)."""
     if "knobs" not in s.meta:
         return s
-    from .swarm import mark_may_miss
+    from .may_miss import mark_may_miss
     return s.with_steps(mark_may_miss(s.steps, s.personality))
 
 
