@@ -29,7 +29,8 @@ import importlib
 _FACE = {
     "_core": "._core",
     "api": ".api", "cm": ".api.cm", "resources": ".api.resources", "stack": ".api.stack",
-    **dict.fromkeys(("CmChannel", "CmEvent", "CmEventError", "CmId"), ".api.cm"),
+    **dict.fromkeys(("CmChannel", "CmId"), ".api.cm"),
+    **dict.fromkeys(("CmEvent", "CmEventError"), ".api.cm_values"),
     **dict.fromkeys(("DeadlineExceeded", "Error", "FaultNotSupported", "HostLost", "Hung",
                      "WallClockTimeout", "make_error"), ".errors"),
     **dict.fromkeys(("CM_ATTR_ID", "Faults", "NoFaults", "WireRule"), ".faults"),
