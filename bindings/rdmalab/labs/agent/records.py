@@ -10,6 +10,7 @@ from typing import Callable, Optional, Union
 
 from ...errors import HostLost
 from ...agent.remote import Agent
+from ...machines import rdma_res
 from .common import FOLLOW_S, FOLLOW_WAIT_S
 
 
@@ -169,27 +170,14 @@ class LabRecords:
     # -- evidence: what the hosts' kernels hold
     def kernel_resources(self, host: str, pids: set[int]) -> dict[str, int]:
         """What the host's kernel still holds for these pids (restrack records the creating
-        thread's TID, so a process is the set of its threads), by kind (`rdma res show`: qp,
-        cq, pd, mr, cm_id, ctx, srq); kinds with none are left out."""
-        # One call to the host's agent (its rdma batch process) for all kinds: seven SSH
-        # commands cost ~0.5 s each on a TCG guest, and this is polled. The batch stops at
-        # the first kind that fails: those after it are asked one at a time.
-        kinds = ("qp", "cq", "pd", "mr", "cm_id", "ctx", "srq")
-        res = self.agent_for(host).call_copy("rdmalab.report.evidence", "rdma_res", "", 30.0, kinds)
-        failed = [k for k in kinds if isinstance(res.get(k), dict)]
-        for kind in failed[1:]:
-            r = self._machines[host].run(f"rdma -j res show {kind}", 30, root=True)
-            if r.rc == 0:
-                try:
-                    res[kind] = json.loads(r.out or "[]")
-                except ValueError as e:
-                    raise RuntimeError(f"{host}: rdma -j res show {kind}: {e}: {r.out!r}") from e
-        out = {}
-        for kind in kinds:
-            entries = res.get(kind)
-            if not isinstance(entries, list):  # a kind this iproute2 or kernel does not list
-                continue
-            n = sum(1 for e in entries if isinstance(e, dict) and e.get("pid") in pids)
-            if n:
-                out[kind] = n
-        return out
+        thread's TID, so a process is the set of its threads), by kind (`rdma res show`,
+        rdmalab.machines.rdma_res.KINDS); kinds with none are left out."""
+        # One call to the host's agent (its rdma batch process) for all kinds: an SSH command
+        # costs ~0.5 s on a TCG guest, and this is polled. The batch stops at the first kind
+        # that fails: those after it are asked again over the machine, in one command.
+        res = self.agent_for(host).call_copy("rdmalab.machines.rdma_res", "batch", "", 30.0)
+        failed = [k for k in rdma_res.KINDS if isinstance(res.get(k), dict)]
+        if failed[1:]:
+            res.update(rdma_res.read(self._machines[host], tuple(failed[1:]), root=True,
+                                     timeout=30.0))
+        return rdma_res.held_by(res, pids)
