@@ -22,7 +22,7 @@ the run (`missed`) unless the step says `"may_miss": true`.
 Validation names the step and the field of the first thing wrong. Every name with a closed set
 of values is checked against the table the lab itself reads: cm_event `event` against the
 rdma_cm events (_core.CmEventType), cm_state `state` against the IB CM and iWARP CM states
-(rdmalab.checkers.cm_sequence), verb `verb` against VERB_MOMENTS, `personality` against the
+(rdmalab.checkers.cm_tables), verb `verb` against VERB_MOMENTS, `personality` against the
 model's (rdmalab.labs.engine.personalities), a rule against the fault switch's parser
 (_core.check_wire_rule); those tables are read when a schedule is validated, so importing this
 module needs none of them.
@@ -134,7 +134,7 @@ def cm_events() -> tuple[str, ...]:
 def cm_protocol_states() -> tuple[str, ...]:
     """The CM protocol states a cm_state moment compares CmId.protocol_state with: the IB CM's
     (cm.c enum ib_cm_state) and the iWARP CM's (iwcm.c enum iw_cm_state), the tables of
-    rdmalab.checkers.cm_sequence (which judges the model's `cm_state` records by them)."""
+    rdmalab.checkers.cm_tables (cm_sequence judges the model's `cm_state` records by them)."""
     from ..checkers.cm_tables import IB_CM_STATES, IW_CM_STATES
     return tuple(dict.fromkeys(IB_CM_STATES + IW_CM_STATES))
 

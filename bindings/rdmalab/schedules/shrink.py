@@ -6,7 +6,7 @@ every step that names it. The result is the smallest schedule found, not a minim
 A step whose moment never comes fails the run (`missed_moment`) unless it says may_miss; a
 step taken away can take with it the reason another step's moment had to come. So a schedule
 the swarm drew (its meta has the swarm's "knobs") gets its may_miss marks anew for each
-candidate (rdmalab.schedules.swarm.mark_may_miss), and a moment missed only because a cut took its
+candidate (rdmalab.schedules.may_miss.mark_may_miss), and a moment missed only because a cut took its
 cause away is no failure of the candidate. A hand-written schedule's marks stay as written.
 """
 from __future__ import annotations
