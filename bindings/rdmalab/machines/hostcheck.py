@@ -4,11 +4,12 @@ A run locks each host's device port for its whole life (two runs never share a h
 flock(1) on the host, held by a command that ends when its stdin closes: a controller that
 dies releases its locks without anybody cleaning up.
 
-The health check is one round trip (a Python snippet on the host prints JSON): the device and
-port exist, the port is ACTIVE, the GID at gid_index is set, the netdev exists, and nothing
-from rdmalab is left in `rdma res show`. An entry is rdmalab's when its process's comm (the
-name `rdma res` prints, kept by the kernel even after the process exited) or its command line
-mentions "rdmalab"; objects of other processes, and of the kernel, are not ours to judge.
+The health check is two round trips (`rdma res show` through rdmalab.machines.rdma_res, then a
+Python snippet on the host that prints JSON): the device and port exist, the port is ACTIVE,
+the GID at gid_index is set, the netdev exists, and nothing from rdmalab is left in `rdma res
+show`. An entry is rdmalab's when its process's comm (the name `rdma res` prints, kept by the
+kernel even after the process exited) or its command line mentions "rdmalab"; objects of other
+processes, and of the kernel, are not ours to judge.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import subprocess
 import time
 from typing import Optional
 
+from . import rdma_res
 from .machine import Machine, MachineError, MachineUnreachable
 
 LOCK_DIR = "/run/lock"
 HELD_RC = 75                     # flock -E: the lock is held by someone else (EX_TEMPFAIL)
-RES_KINDS = ("qp", "cm_id", "cq", "pd", "mr", "ctx", "srq")
 
 
 def lock_path(machine: Machine) -> str:
@@ -129,12 +130,12 @@ def _text(out: bytes | str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Health.
 
-# Runs on the host (any python3 >= 3.6): reads sysfs and `rdma -j res show <kind>`, prints one
-# JSON object. Kept to the standard library and one process: one SSH round trip in all.
+# Runs on the host (any python3 >= 3.6): reads sysfs and the command lines of the processes
+# holding objects on the device, prints one JSON object. Kept to the standard library.
 _PROBE = r'''
-import json, os, subprocess, sys
+import json, os, sys
 P = json.loads(sys.argv[1])
-out = {"devices": [], "state": None, "gid": None, "netdev": None, "res": [], "rdma": None}
+out = {"devices": [], "state": None, "gid": None, "netdev": None, "cmdlines": {}}
 base = P["sysfs"] + "/class/infiniband"
 def rd(p):
     try:
@@ -152,44 +153,13 @@ if P["device"] in out["devices"]:
     out["gid"] = rd("%s/gids/%d" % (port, P["gid_index"]))
     if P["netdev"]:
         out["netdev"] = os.path.isdir(P["sysfs"] + "/class/net/" + P["netdev"])
-    errs = []
-    for kind in P["kinds"]:
-        try:
-            r = subprocess.run(["rdma", "-j", "res", "show", kind], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=20)
-        except (OSError, subprocess.SubprocessError) as e:
-            errs.append(str(e))
-            break
-        if r.returncode != 0:
-            errs.append(r.stderr.decode(errors="replace").strip())
-            continue                     # an older iproute2 lacks a kind: skip it
-        text, pos, items = r.stdout.decode(errors="replace"), 0, []
-        dec = json.JSONDecoder()
-        while True:
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos >= len(text):
-                break
-            doc, pos = dec.raw_decode(text, pos)
-            items += doc if isinstance(doc, list) else [doc]
-        for e in items:
-            if not isinstance(e, dict) or e.get("ifname") != P["device"]:
-                continue
-            pid, comm = e.get("pid"), str(e.get("comm", ""))
-            cmd = ""
-            if pid:
-                try:
-                    with open("/proc/%d/cmdline" % pid, "rb") as f:
-                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                except OSError:
-                    pass
-            if "rdmalab" in comm or "rdmalab" in cmd:
-                ident = [e[k] for k in ("lqpn", "cm-idn", "cqn", "pdn", "mrn", "ctxn", "srqn")
-                         if k in e]
-                out["res"].append({"kind": kind, "id": ident[0] if ident else None,
-                                   "pid": pid, "comm": comm, "cmdline": cmd[:160]})
-    if errs and len(errs) == len(P["kinds"]):
-        out["rdma"] = errs[-1] or "failed"
+for pid in P["pids"]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        continue
+    out["cmdlines"][str(pid)] = cmd
 print(json.dumps(out))
 '''
 
@@ -221,33 +191,50 @@ def _key(e: dict) -> tuple:
 
 
 def probe(machine: Machine, timeout: float = 60.0, sysfs: str = "/sys") -> HostState:
-    """One command on the host; MachineUnreachable propagates (the host is not there).
-    `sysfs`: where sysfs is mounted (tests point it at a fake tree)."""
+    """Two commands on the host: `rdma res` (rdmalab.machines.rdma_res), then the snippet
+    (sysfs, and the command lines of the processes holding objects on the device).
+    MachineUnreachable propagates (the host is not there). `sysfs`: where sysfs is mounted
+    (tests point it at a fake tree)."""
     f = machine.facts
+    res = rdma_res.read(machine, device=f.device, timeout=timeout)
+    pids = sorted({e["pid"] for items in res.values() if isinstance(items, list)
+                   for e in items if isinstance(e, dict) and e.get("pid")})
     params = {"device": f.device, "port": f.port, "gid_index": f.gid_index,
-              "netdev": f.netdev, "kinds": list(RES_KINDS), "sysfs": sysfs}
+              "netdev": f.netdev, "pids": pids, "sysfs": sysfs}
     r = machine.run(f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps(params))}",
                     timeout=timeout)
-    name = machine.name
-    state = HostState(name, f.device, [], [], sysfs)
+    state = HostState(machine.name, f.device, [], [], sysfs)
     try:
         if r.rc != 0 or r.timed_out:
             raise ValueError(f"rc {r.rc}{' (timed out)' if r.timed_out else ''}")
         d = json.loads(r.out.strip().splitlines()[-1])
     except (ValueError, IndexError) as e:
-        state.checks.append(f"{name}: the health check could not run ({e}; it needs python3 "
-                            f"on the host): {(r.err or r.out).strip()[-500:]}")
+        state.checks.append(f"{machine.name}: the health check could not run ({e}; it needs "
+                            f"python3 on the host): {(r.err or r.out).strip()[-500:]}")
         return state
-    dev = f"{f.device} port {f.port}"
+    if not _check_port(state, f, d):
+        return state
+    errors = [v["error"] for v in res.values() if isinstance(v, dict)]
+    if errors and len(errors) == len(res):
+        state.checks.append(f"{machine.name}: `rdma res show` failed, leftovers not checked: "
+                            f"{errors[-1]}")
+    state.leftovers = _ours(res, d["cmdlines"])
+    return state
+
+
+def _check_port(state: HostState, f, d: dict) -> bool:
+    """Notes in state.checks what the snippet found wrong with the device, port, GID and
+    netdev; False when there is no such port (nothing more to check)."""
+    name, sysfs, dev = state.name, state.sysfs, f"{f.device} port {f.port}"
     if f.device not in d["devices"]:
         have = ", ".join(d["devices"]) or "no RDMA devices at all"
         state.checks.append(f"{name}: RDMA device {f.device} not found: {sysfs}/class/"
                             f"infiniband has {have}")
-        return state
+        return False
     port = d["state"] or ""
     if port.startswith("!"):
         state.checks.append(f"{name}: {dev} does not exist ({port[1:]})")
-        return state
+        return False
     if port.split()[-1:] != ["ACTIVE"]:
         state.checks.append(f"{name}: {dev} is {port.split(':')[-1].strip() or port}, "
                             f"not ACTIVE (rdma link; is the netdev up?)")
@@ -259,15 +246,27 @@ def probe(machine: Machine, timeout: float = 60.0, sysfs: str = "/sys") -> HostS
                             f"{f.port}/gids (RoCEv2 on IPv4: the ::ffff:<data_address> entry)")
     if d.get("netdev") is False:
         state.checks.append(f"{name}: netdev {f.netdev} not found ({sysfs}/class/net)")
-    if d.get("rdma"):
-        state.checks.append(f"{name}: `rdma res show` failed, leftovers not checked: "
-                            f"{d['rdma']}")
-    state.leftovers = d["res"]
-    return state
+    return True
+
+
+def _ours(res: dict, cmdlines: dict[str, str]) -> list[dict]:
+    """rdmalab's entries of an `rdma res` read (its comm or its process's command line says
+    so): kind, id, pid, comm, cmdline."""
+    out = []
+    for kind, items in res.items():
+        for e in items if isinstance(items, list) else []:
+            if not isinstance(e, dict):
+                continue
+            pid, comm = e.get("pid"), str(e.get("comm", ""))
+            cmd = cmdlines.get(str(pid), "")
+            if "rdmalab" in comm or "rdmalab" in cmd:
+                out.append({"kind": kind, "id": e.get(rdma_res.ID_KEYS[kind]), "pid": pid,
+                            "comm": comm, "cmdline": cmd[:160]})
+    return out
 
 
 def health_check(machine: Machine) -> list[str]:
-    """The host's problems before a run (empty = healthy); one command on the host."""
+    """The host's problems before a run (empty = healthy)."""
     return probe(machine).problems
 
 
