@@ -7,16 +7,16 @@
 #include <thread>
 
 #include "rdmalab/error.h"
+#include "stack/serial_queue.h"
 
 namespace rdmalab::stack {
 
 namespace {
 
-// How long one blocking read or idle worker wait lasts before the flags are looked at again:
-// only a safety net, as stop and pause interrupt the channel's read and notify the workers
-// (every wake-up of an idle thread costs a TCG guest about 0.4 ms of its vCPU).
+// How long one blocking read lasts before the flags are looked at again: only a safety net,
+// as stop and pause interrupt the channel's read (every wake-up of an idle thread costs a TCG
+// guest about 0.4 ms of its vCPU).
 constexpr TimeNs kEventPollNs = 200 * kNsPerMs;
-constexpr TimeNs kWorkerPollNs = kNsPerSec;
 
 struct Queued {
   CmEvent ev;
@@ -24,17 +24,13 @@ struct Queued {
 };
 
 // One id's work list (iwcm_id_private's work_list) and what the pump knows of it.
-struct Entry {
+struct Entry : SerialLane<Queued> {
   uint64_t id = 0;
   std::string label;
-  CmHandler handler;  // the id's own, or inherited from its listener
-  std::deque<Queued> fifo;
+  CmHandler handler;                // the id's own, or inherited from its listener
   std::vector<CmEventRecord> seen;  // every event read for the id
   size_t requests_taken = 0;        // listener: CONNECT_REQUESTs handed out
-  int running = 0;
-  std::thread::id running_thread;
-  uint64_t running_listen_id = 0;  // a CONNECT_REQUEST handler: its listener
-  bool in_ready = false;
+  uint64_t running_listen_id = 0;   // a CONNECT_REQUEST handler: its listener
   bool destroying = false;
   bool hold_acks = false;     // hold_acks(): read events are not acked
   std::vector<CmEvent> held;  // read, handled or dropped, not acked
@@ -54,7 +50,7 @@ nlohmann::json event_json(const CmEvent& ev) {
 
 }  // namespace
 
-struct CmEventPump::State {
+struct CmEventPump::State : SerialQueue<Entry>::Runner {
   State(Runtime& rt, std::shared_ptr<CmEventChannel> c, History* h, std::string host_name)
       : runtime(rt), channel(std::move(c)), history(h), host(std::move(host_name)) {}
 
@@ -64,29 +60,19 @@ struct CmEventPump::State {
   std::string host;
 
   std::mutex mu;  // short sections only: never held across a wait, a handler, an ack or a record
+  SerialQueue<Entry> queue{runtime, mu, *this};  // its stop flag and live threads too
   // Never erased: a destroyed id stays as a tombstone, so its late events are dropped.
   std::map<uint64_t, std::shared_ptr<Entry>> entries;
-  std::deque<std::shared_ptr<Entry>> ready;
   CmHandler fallback;
   CmPumpStats stats;
-  bool stop = false;
   bool paused = false;   // pause_reading(): the event thread leaves the channel alone
   bool reading = false;  // the event thread is in rdma_get_cm_event (or routing what it read)
-  int live_threads = 0;
   // Handler workers start with the first handler (watch, set_default_handler): without one
   // every event is acked as it is read, and on the model each idle worker costs a spawn and
   // baton passes at start and at stop.
   int workers = 0;
   bool has_handler = false;  // a handler was set: events may be queued for the workers
   bool workers_up = false;   // spawned since the last start
-
-  void finish() {
-    {
-      std::lock_guard lock(mu);
-      --live_threads;
-    }
-    runtime.notify_all();
-  }
 
   void record(const std::string& object, const std::string& kind, nlohmann::json data) {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
@@ -162,13 +148,6 @@ struct CmEventPump::State {
     return e;
   }
 
-  void schedule_locked(const std::shared_ptr<Entry>& e) {
-    if (!e->fifo.empty() && !e->in_ready && e->running == 0) {
-      e->in_ready = true;
-      ready.push_back(e);
-    }
-  }
-
   size_t count_locked(uint64_t id, CmEventType type) const {
     auto it = entries.find(id);
     if (it == entries.end()) return 0;
@@ -191,8 +170,10 @@ struct CmEventPump::State {
   static void start_workers(const std::shared_ptr<State>& s);
   void route(const CmEvent& ev);
   void event_loop();
-  void worker_loop();
-  bool run_one();
+  // The queue's Runner: one event of an id, with the handler chosen when it was read.
+  void taken_locked(Entry& e, const Queued& q) override;
+  bool run(Entry& e, Queued& q) override;
+  void done_locked(Entry& e, const Queued& q, bool failed) override;
 };
 
 void CmEventPump::State::route(const CmEvent& ev) {
@@ -236,7 +217,7 @@ void CmEventPump::State::route(const CmEvent& ev) {
     if (how == "orphaned") dispose_orphan(ev.id, label, runtime.now_ns() + kNsPerSec);
   } else {
     std::lock_guard lock(mu);
-    schedule_locked(e);
+    queue.schedule_locked(e);
   }
   runtime.notify_all();
 }
@@ -252,14 +233,14 @@ void CmEventPump::State::event_loop() {
   // The model wakes a blocked read on stop or pause (real threads see them at the next poll).
   const std::function<bool()> stop_or_pause = [this] {
     std::lock_guard lock(mu);
-    return stop || paused;
+    return queue.stop || paused;
   };
   const TimeNs poll_ns = runtime.poll_interval_ns(kEventPollNs);
   while (!runtime.stopping()) {
     bool is_paused = false;
     {
       std::lock_guard lock(mu);
-      if (stop) break;
+      if (queue.stop) break;
       is_paused = paused;
       reading = !paused;
     }
@@ -267,7 +248,7 @@ void CmEventPump::State::event_loop() {
       runtime.wait_notified(
           [this] {
             std::lock_guard lock(mu);
-            return stop || !paused;
+            return queue.stop || !paused;
           },
           runtime.now_ns() + poll_ns);
       continue;
@@ -286,64 +267,32 @@ void CmEventPump::State::event_loop() {
   }
 }
 
-bool CmEventPump::State::run_one() {
-  std::shared_ptr<Entry> e;
-  Queued q;
-  {
-    std::lock_guard lock(mu);
-    if (stop || ready.empty()) return false;
-    e = ready.front();
-    ready.pop_front();
-    e->in_ready = false;
-    if (e->fifo.empty()) return true;  // dropped by a destroy meanwhile
-    q = std::move(e->fifo.front());
-    e->fifo.pop_front();
-    ++e->running;
-    e->running_thread = std::this_thread::get_id();
-    e->running_listen_id = q.ev.event == CmEventType::CONNECT_REQUEST ? q.ev.listen_id : 0;
-    stats.max_concurrent_per_id = std::max(stats.max_concurrent_per_id, e->running);
-  }
-  record(e->label, "cm_handler_begin", event_json(q.ev));
+void CmEventPump::State::taken_locked(Entry& e, const Queued& q) {
+  e.running_listen_id = q.ev.event == CmEventType::CONNECT_REQUEST ? q.ev.listen_id : 0;
+  stats.max_concurrent_per_id = std::max(stats.max_concurrent_per_id, e.running);
+}
+
+bool CmEventPump::State::run(Entry& e, Queued& q) {
+  record(e.label, "cm_handler_begin", event_json(q.ev));
   bool failed = false;
   try {
     q.handler(q.ev);
   } catch (const std::exception& ex) {
     failed = true;
     auto data = event_json(q.ev);
-    data["handler"] = e->label;  // the id whose queue ran it (a listener's handler: the new id)
+    data["handler"] = e.label;  // the id whose queue ran it (a listener's handler: the new id)
     data["error"] = ex.what();
-    record(e->label, "cm_handler_error", std::move(data));
+    record(e.label, "cm_handler_error", std::move(data));
   }
-  record(e->label, "cm_handler_end", event_json(q.ev));
+  record(e.label, "cm_handler_end", event_json(q.ev));
   ack(q.ev);
-  {
-    std::lock_guard lock(mu);
-    --e->running;
-    e->running_thread = {};
-    e->running_listen_id = 0;
-    ++stats.delivered;
-    if (failed) ++stats.handler_errors;
-    schedule_locked(e);
-  }
-  runtime.notify_all();
-  return true;
+  return failed;
 }
 
-void CmEventPump::State::worker_loop() {
-  while (!runtime.stopping()) {
-    runtime.wait_notified(
-        [this] {
-          std::lock_guard lock(mu);
-          return stop || !ready.empty();
-        },
-        runtime.now_ns() + runtime.poll_interval_ns(kWorkerPollNs));
-    {
-      std::lock_guard lock(mu);
-      if (stop) break;
-    }
-    while (run_one()) {
-    }
-  }
+void CmEventPump::State::done_locked(Entry& e, const Queued& /*q*/, bool failed) {
+  e.running_listen_id = 0;
+  ++stats.delivered;
+  if (failed) ++stats.handler_errors;
 }
 
 CmEventPump::CmEventPump(Runtime& runtime, std::shared_ptr<CmEventChannel> channel,
@@ -368,20 +317,20 @@ void CmEventPump::State::start_workers(const std::shared_ptr<State>& s) {
   int n = 0;
   {
     std::lock_guard lock(s->mu);
-    if (s->workers_up || !s->has_handler || s->stop || s->live_threads == 0) return;
+    if (s->workers_up || !s->has_handler || s->queue.stop || s->queue.live_threads == 0) return;
     s->workers_up = true;
     n = s->workers;
-    s->live_threads += n;
+    s->queue.live_threads += n;
   }
   for (int i = 0; i < n; ++i) {
     try {
       s->runtime.spawn(s->host + ":cm_worker" + std::to_string(i), [s] {
-        s->worker_loop();
-        s->finish();
+        s->queue.worker_loop();
+        s->queue.thread_ended();
       });
     } catch (...) {  // the runtime is shutting down: the workers not spawned never ran
       std::lock_guard lock(s->mu);
-      s->live_threads -= n - i;
+      s->queue.live_threads -= n - i;
       throw;
     }
   }
@@ -391,9 +340,11 @@ void CmEventPump::start() {
   State& st = *state_;
   {
     std::lock_guard lock(st.mu);
-    if (st.live_threads > 0) throw Error("CmEventPump::start", EALREADY, "already started");
-    st.stop = false;
-    st.live_threads = 1;
+    if (st.queue.live_threads > 0) {
+      throw Error("CmEventPump::start", EALREADY, "already started");
+    }
+    st.queue.stop = false;
+    st.queue.live_threads = 1;
     st.workers = workers_;
     st.workers_up = false;
   }
@@ -401,11 +352,11 @@ void CmEventPump::start() {
   try {
     runtime_.spawn(st.host + ":cm_events", [shared] {
       shared->event_loop();
-      shared->finish();
+      shared->queue.thread_ended();
     });
   } catch (...) {
     std::lock_guard lock(st.mu);
-    st.live_threads = 0;
+    st.queue.live_threads = 0;
     throw;
   }
   State::start_workers(state_);  // a handler set before start (or before a restart)
@@ -413,24 +364,14 @@ void CmEventPump::start() {
 
 bool CmEventPump::running() const {
   std::lock_guard lock(state_->mu);
-  return state_->live_threads > 0 && !state_->stop;
+  return state_->queue.live_threads > 0 && !state_->queue.stop;
 }
 
 void CmEventPump::stop(TimeNs deadline_ns) {
   State& st = *state_;
-  {
-    std::lock_guard lock(st.mu);
-    if (st.live_threads == 0 && st.ready.empty()) return;
-    st.stop = true;
-  }
+  if (!st.queue.begin_stop()) return;
   channel_->interrupt_get_event();
-  runtime_.notify_all();
-  const bool ended = runtime_.wait_notified(
-      [&st] {
-        std::lock_guard lock(st.mu);
-        return st.live_threads == 0;
-      },
-      deadline_ns);
+  const bool ended = st.queue.join(deadline_ns);
   std::vector<CmEvent> left;
   {
     std::lock_guard lock(st.mu);
@@ -439,7 +380,7 @@ void CmEventPump::stop(TimeNs deadline_ns) {
       e->fifo.clear();
       e->in_ready = false;
     }
-    st.ready.clear();
+    st.queue.clear_ready_locked();
     st.stats.dropped += left.size();
   }
   for (const auto& ev : left) {
@@ -463,7 +404,7 @@ void CmEventPump::pause_reading(TimeNs deadline_ns) {
   const bool out = runtime_.wait_notified(
       [&st] {
         std::lock_guard lock(st.mu);
-        return !st.reading || st.live_threads == 0;
+        return !st.reading || st.queue.live_threads == 0;
       },
       deadline_ns);
   if (!out) {

@@ -7,29 +7,27 @@
 #include <thread>
 
 #include "rdmalab/error.h"
+#include "stack/serial_queue.h"
 
 namespace rdmalab::stack {
 
 namespace {
 
-// How long one blocking read or idle worker wait lasts before the flags are looked at again:
-// only a safety net, as stop interrupts the context's read and notifies the workers
-// (every wake-up of an idle thread costs a TCG guest about 0.4 ms of its vCPU).
+// How long one blocking read lasts before the flags are looked at again: only a safety net,
+// as stop interrupts the context's read (every wake-up of an idle thread costs a TCG guest
+// about 0.4 ms of its vCPU).
 constexpr TimeNs kEventPollNs = 200 * kNsPerMs;
-constexpr TimeNs kWorkerPollNs = kNsPerSec;
 
 // One watched object (or the default sink): the per-id work list of iw_cm, the refcount of
 // mlx5_core_rsc_common. refs = the initial reference + one per event queued or running.
-struct Entry {
+struct Entry : SerialLane<AsyncEvent> {
   uint64_t id = 0;
   std::string label;
   AsyncHandler handler;
-  std::deque<AsyncEvent> fifo;
+  // A copy taken with the event being handled: set_default_handler may replace handler.
+  AsyncHandler running_handler;
   int refs = 1;
-  int running = 0;
   uint64_t running_object = 0;  // object_id of the event being handled
-  std::thread::id running_thread;
-  bool in_ready = false;
   bool initial_ref_dropped = false;
 };
 
@@ -43,7 +41,7 @@ nlohmann::json event_json(const AsyncEvent& ev) {
 
 }  // namespace
 
-struct AsyncDispatcher::State {
+struct AsyncDispatcher::State : SerialQueue<Entry>::Runner {
   State(Runtime& rt, std::shared_ptr<Context> c, History* h, std::string host_name)
       : runtime(rt), ctx(std::move(c)), history(h), host(std::move(host_name)) {
     fallback->id = 0;
@@ -56,17 +54,15 @@ struct AsyncDispatcher::State {
   std::string host;
 
   std::mutex mu;  // short sections only: never held across a wait, a handler, an ack or a record
+  SerialQueue<Entry> queue{runtime, mu, *this};        // its stop flag and live threads too
   std::map<uint64_t, std::shared_ptr<Entry>> table;    // watched, live
   std::map<uint64_t, std::shared_ptr<Entry>> retired;  // destroying or destroyed (tombstones)
   std::shared_ptr<Entry> fallback = std::make_shared<Entry>();
-  std::deque<std::shared_ptr<Entry>> ready;
   std::map<uint64_t, std::vector<AsyncEvent>> routed;  // by object_id
   std::map<std::pair<uint64_t, AsyncEventType>, size_t> read_counts;
   // Read and done with: its handler returned, or it was dropped (destroy, stop) or had none.
   std::map<std::pair<uint64_t, AsyncEventType>, size_t> settled_counts;
   DispatcherStats stats;
-  bool stop = false;
-  int live_threads = 0;
 
   void record(const std::string& object, const std::string& kind, nlohmann::json data) {
     if (history != nullptr) history->record(host, object, kind, std::move(data));
@@ -90,18 +86,12 @@ struct AsyncDispatcher::State {
     routed[ev.object_id].push_back(ev);
   }
 
-  // Puts e on the ready list if it has events and no worker holds it (mu held).
-  void schedule_locked(const std::shared_ptr<Entry>& e) {
-    if (!e->fifo.empty() && !e->in_ready && e->running == 0) {
-      e->in_ready = true;
-      ready.push_back(e);
-    }
-  }
-
   void route(const AsyncEvent& ev);
   void event_loop();
-  void worker_loop();
-  bool run_one();
+  // The queue's Runner: one event of a watched object (or of the default sink).
+  void taken_locked(Entry& e, const AsyncEvent& ev) override;
+  bool run(Entry& e, AsyncEvent& ev) override;
+  void done_locked(Entry& e, const AsyncEvent& ev, bool failed) override;
 };
 
 void AsyncDispatcher::State::route(const AsyncEvent& ev) {
@@ -145,7 +135,7 @@ void AsyncDispatcher::State::route(const AsyncEvent& ev) {
   if (no_handler) ack(ev);
   if (queued) {
     std::lock_guard lock(mu);
-    schedule_locked(queued);
+    queue.schedule_locked(queued);
   }
   runtime.notify_all();
 }
@@ -154,13 +144,13 @@ void AsyncDispatcher::State::event_loop() {
   // The model wakes a blocked read on stop (real threads see it at the next poll).
   const std::function<bool()> stopped = [this] {
     std::lock_guard lock(mu);
-    return stop;
+    return queue.stop;
   };
   const TimeNs poll_ns = runtime.poll_interval_ns(kEventPollNs);
   while (!runtime.stopping()) {
     {
       std::lock_guard lock(mu);
-      if (stop) break;
+      if (queue.stop) break;
     }
     std::optional<AsyncEvent> ev;
     try {
@@ -174,69 +164,37 @@ void AsyncDispatcher::State::event_loop() {
   }
 }
 
-// Takes one event off the ready list and runs its handler. False when there was none.
-bool AsyncDispatcher::State::run_one() {
-  std::shared_ptr<Entry> e;
-  AsyncEvent ev;
-  AsyncHandler handler;  // a copy: set_default_handler may replace it meanwhile
-  {
-    std::lock_guard lock(mu);
-    if (stop || ready.empty()) return false;
-    e = ready.front();
-    ready.pop_front();
-    e->in_ready = false;
-    if (e->fifo.empty()) return true;  // its events were dropped by a destroy
-    ev = e->fifo.front();
-    e->fifo.pop_front();
-    handler = e->handler;
-    ++e->running;
-    e->running_object = ev.object_id;
-    e->running_thread = std::this_thread::get_id();
-    stats.max_concurrent_per_object = std::max(stats.max_concurrent_per_object, e->running);
-  }
-  record(e->label, "handler_begin", event_json(ev));
+void AsyncDispatcher::State::taken_locked(Entry& e, const AsyncEvent& ev) {
+  e.running_handler = e.handler;
+  e.running_object = ev.object_id;
+  stats.max_concurrent_per_object = std::max(stats.max_concurrent_per_object, e.running);
+}
+
+bool AsyncDispatcher::State::run(Entry& e, AsyncEvent& ev) {
+  AsyncHandler handler;  // released here, without mu
+  handler.swap(e.running_handler);
+  record(e.label, "handler_begin", event_json(ev));
   bool failed = false;
   try {
     if (handler) handler(ev);
   } catch (const std::exception& ex) {
     failed = true;
     auto data = event_json(ev);
-    data["handler"] = e->label;  // the watched object's label, or "default"
+    data["handler"] = e.label;  // the watched object's label, or "default"
     data["error"] = ex.what();
-    record(e->label, "handler_error", std::move(data));
+    record(e.label, "handler_error", std::move(data));
   }
-  record(e->label, "handler_end", event_json(ev));
+  record(e.label, "handler_end", event_json(ev));
   ack(ev);
-  {
-    std::lock_guard lock(mu);
-    --e->running;
-    --e->refs;
-    e->running_object = 0;
-    e->running_thread = {};
-    ++stats.delivered;
-    ++settled_counts[{ev.object_id, ev.type}];
-    if (failed) ++stats.handler_errors;
-    schedule_locked(e);
-  }
-  runtime.notify_all();
-  return true;
+  return failed;
 }
 
-void AsyncDispatcher::State::worker_loop() {
-  while (!runtime.stopping()) {
-    runtime.wait_notified(
-        [this] {
-          std::lock_guard lock(mu);
-          return stop || !ready.empty();
-        },
-        runtime.now_ns() + runtime.poll_interval_ns(kWorkerPollNs));
-    {
-      std::lock_guard lock(mu);
-      if (stop) break;
-    }
-    while (run_one()) {
-    }
-  }
+void AsyncDispatcher::State::done_locked(Entry& e, const AsyncEvent& ev, bool failed) {
+  --e.refs;
+  e.running_object = 0;
+  ++stats.delivered;
+  ++settled_counts[{ev.object_id, ev.type}];
+  if (failed) ++stats.handler_errors;
 }
 
 AsyncDispatcher::AsyncDispatcher(Runtime& runtime, std::shared_ptr<Context> ctx, History* history,
@@ -260,49 +218,35 @@ void AsyncDispatcher::start() {
   State& st = *state_;
   {
     std::lock_guard lock(st.mu);
-    if (st.live_threads > 0) throw Error("AsyncDispatcher::start", EALREADY, "already started");
-    st.stop = false;
-    st.live_threads = 1 + workers_;
+    if (st.queue.live_threads > 0) {
+      throw Error("AsyncDispatcher::start", EALREADY, "already started");
+    }
+    st.queue.stop = false;
+    st.queue.live_threads = 1 + workers_;
   }
-  auto exit_guard = [](const std::shared_ptr<State>& s) {
-    std::lock_guard lock(s->mu);
-    --s->live_threads;
-  };
   std::shared_ptr<State> shared = state_;
-  runtime_.spawn(st.host + ":async_events", [shared, exit_guard] {
+  runtime_.spawn(st.host + ":async_events", [shared] {
     shared->event_loop();
-    exit_guard(shared);
-    shared->runtime.notify_all();
+    shared->queue.thread_ended();
   });
   for (int i = 0; i < workers_; ++i) {
-    runtime_.spawn(st.host + ":event_worker" + std::to_string(i), [shared, exit_guard] {
-      shared->worker_loop();
-      exit_guard(shared);
-      shared->runtime.notify_all();
+    runtime_.spawn(st.host + ":event_worker" + std::to_string(i), [shared] {
+      shared->queue.worker_loop();
+      shared->queue.thread_ended();
     });
   }
 }
 
 bool AsyncDispatcher::running() const {
   std::lock_guard lock(state_->mu);
-  return state_->live_threads > 0 && !state_->stop;
+  return state_->queue.live_threads > 0 && !state_->queue.stop;
 }
 
 void AsyncDispatcher::stop(TimeNs deadline_ns) {
   State& st = *state_;
-  {
-    std::lock_guard lock(st.mu);
-    if (st.live_threads == 0 && st.ready.empty()) return;
-    st.stop = true;
-  }
+  if (!st.queue.begin_stop()) return;
   ctx_->interrupt_get_async_event();
-  runtime_.notify_all();
-  const bool ended = runtime_.wait_notified(
-      [&st] {
-        std::lock_guard lock(st.mu);
-        return st.live_threads == 0;
-      },
-      deadline_ns);
+  const bool ended = st.queue.join(deadline_ns);
   std::vector<AsyncEvent> left;
   {
     std::lock_guard lock(st.mu);
@@ -314,7 +258,7 @@ void AsyncDispatcher::stop(TimeNs deadline_ns) {
       e->fifo.clear();
       e->in_ready = false;
     }
-    st.ready.clear();
+    st.queue.clear_ready_locked();
     st.stats.dropped += left.size();
     for (const auto& ev : left) ++st.settled_counts[{ev.object_id, ev.type}];
   }
@@ -452,7 +396,7 @@ void AsyncDispatcher::destroy_object(const Object& obj,
     std::lock_guard lock(st.mu);
     e->fifo.insert(e->fifo.end(), dropped.begin(), dropped.end());
     e->refs += static_cast<int>(dropped.size());
-    st.schedule_locked(e);
+    st.queue.schedule_locked(e);
   }
 }
 
