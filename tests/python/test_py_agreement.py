@@ -76,17 +76,19 @@ def test_without_the_twin_column_it_says_which_to_add():
                cell("t::a", "inventory-lab", "passed", "inventory", "bnxt_re")]
     assert agreement.lines(results) == [
         "agreement rxe (vm-rxe): no model column to compare with: add --lab model:roce",
-        "agreement bnxt_re (inventory-lab): no model personality predicts bnxt_re (add it to "
-        "rdmalab.findings.agreement.TWIN)"]
+        "agreement bnxt_re (inventory-lab): no model personality predicts bnxt_re (its row in "
+        "core/common/driver_facts.cc names none)"]
     assert agreement.lines([model("t::a", "passed")]) == []  # no device: nothing to say
 
 
-def test_one_table_maps_drivers_to_personalities():
-    from rdmalab.run import cli
+def test_the_engines_driver_facts_map_drivers_to_personalities():
+    from rdmalab import _core
     from rdmalab.labs.engine import personalities
-    assert set(agreement.TWIN.values()) <= set(personalities())
-    assert cli.TWIN is agreement.TWIN  # the VM lab fallback uses the same table
-    assert agreement.TWIN["rxe"] == "roce" and agreement.TWIN["siw"] == "iwarp-siw"
+    twins = {row.driver: row.personality for row in _core.driver_facts()}
+    assert {p for p in twins.values() if p} <= set(personalities())
+    assert {d: agreement.twin(d) for d in ("rxe", "siw", "cxgb4", "mlx5", "mana", "bnxt_re")} == {
+        "rxe": "roce", "siw": "iwarp-siw", "cxgb4": "iwarp-cxgb4", "mlx5": "ib", "mana": "mana",
+        "bnxt_re": None}
 
 
 def test_result_table_prints_the_agreement():

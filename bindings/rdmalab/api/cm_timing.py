@@ -206,10 +206,6 @@ def tcp_syn_give_up_range_ns(syn_retries: int, hz: int) -> tuple[int, int]:
     return lo, hi
 
 
-# caps.personality on a device is its driver; the model names the personality that copies it.
-_IW_PERSONALITY_OF_DRIVER = {"siw": "iwarp-siw", "cxgb4": "iwarp-cxgb4"}
-
-
 @dataclasses.dataclass(frozen=True)
 class IwMpaTiming:
     """The iWARP provider's MPA timers, from the engine's personality table (one home:
@@ -226,7 +222,9 @@ class IwMpaTiming:
 
     @classmethod
     def for_caps(cls, caps) -> "IwMpaTiming":
-        name = _IW_PERSONALITY_OF_DRIVER.get(caps.personality, caps.personality)
+        # caps.personality on a device is its driver: the personality that copies it has
+        # the timers (the engine's driver facts)
+        name = _core.personality_of_driver(caps.personality) or caps.personality
         reply_ms, request_ms = _core.iw_mpa_timeouts_ms(name)
         return cls(reply_ms, request_ms, getattr(caps, "kernel_hz", 0))
 

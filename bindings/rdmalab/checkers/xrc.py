@@ -26,10 +26,11 @@ creator/holder: `holds`, `qp_num` the TGT QP's, `tgt_lifetime`; role sender: the
 """
 from __future__ import annotations
 
+from .. import _core
+from ..names import name
 from .base import UNKNOWN, Context, Result
 
 NAME = "xrc"
-_PERSONALITY_RULE = {"ib": "handle", "ib-legacy": "xrcd"}
 _KEEPS = {"handle": ("qp",), "xrcd": ("xrcd",), "unknown": ("qp", "xrcd")}
 _GONE = "RETRY_EXC_ERR"
 # Faults that cannot exhaust a sender's retries: a kill (judged through the references it
@@ -77,7 +78,7 @@ def check(history: list, ctx: Context) -> Result:
                 continue
             dom = domains.get((host, d["xrc"]))
             if dom is None:
-                rule = d.get("tgt_lifetime") or _PERSONALITY_RULE.get(ctx.personality or "")
+                rule = d.get("tgt_lifetime") or _personality_rule(ctx.personality)
                 dom = domains[(host, d["xrc"])] = _Domain(host, d["xrc"], d.get("qp_num", 0),
                                                           rule if rule in _KEEPS else "unknown")
                 res.checked += 1
@@ -122,6 +123,14 @@ def check(history: list, ctx: Context) -> Result:
         res.reason = (f"{len(unjudged)} sends to a TGT QP still held ended {_GONE} after a "
                       f"fault that also exhausts retries: {', '.join(unjudged[:3])}")
     return res
+
+
+def _personality_rule(personality) -> str:
+    """A model personality's TGT QP lifetime rule (caps.xrc_tgt_lifetime); "unknown" for a
+    device, whose rule the history's tgt_lifetime says or nothing does."""
+    if personality not in _core.personalities():
+        return "unknown"
+    return name(_core.personality_caps(personality).xrc_tgt_lifetime)
 
 
 def _touched(r: dict):

@@ -16,10 +16,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-# The model personality that predicts each kernel driver: the one table (cli.py's VM lab
-# fallback uses it too).
-TWIN = {"rxe": "roce", "siw": "iwarp-siw", "mlx5": "ib", "mlx4": "ib",
-        "cxgb4": "iwarp-cxgb4", "mana": "mana"}
+from .. import _core
+
+
+def twin(driver: str) -> Optional[str]:
+    """The model personality that predicts a kernel driver: its row in the engine's table of
+    driver facts (core/common/driver_facts.cc), None where no personality copies it."""
+    return _core.personality_of_driver(driver)
+
 
 _HELD = "held"     # the scenario's assertions held
 _BROKE = "broke"   # they did not (failed, error, a divergence reproduced)
@@ -57,7 +61,7 @@ class Disagreement:
 class Agreement:
     provider: str
     column: str                   # the device's column, e.g. vm-rxe, inventory-mylab
-    personality: Optional[str]    # the model personality that predicts it (TWIN)
+    personality: Optional[str]    # the model personality that predicts it (twin)
     model_column: Optional[str]   # its column in this run, None when absent
     compared: int = 0
     agree: int = 0
@@ -70,8 +74,8 @@ class Agreement:
     def line(self) -> str:
         head = f"agreement {self.provider} ({self.column})"
         if self.personality is None:
-            return (f"{head}: no model personality predicts {self.provider} (add it to "
-                    "rdmalab.findings.agreement.TWIN)")
+            return (f"{head}: no model personality predicts {self.provider} (its row in "
+                    "core/common/driver_facts.cc names none)")
         if self.model_column is None:
             return (f"{head}: no model column to compare with: add --lab "
                     f"model:{self.personality}")
@@ -101,7 +105,7 @@ def compare(results, registry=None) -> list[Agreement]:
         if first.properties.get("backend") in (None, "model"):
             continue
         provider = _provider(first)
-        personality = TWIN.get(provider)
+        personality = twin(provider)
         model_col = model_columns.get(personality) if personality else None
         a = Agreement(provider, col, personality, model_col)
         if model_col is not None:

@@ -1,7 +1,7 @@
 """OUT/report.html: one self-contained page (inline CSS, SVG and script, nothing fetched) built
 from a run's files: the result matrix of OUT/junit.xml and, per scenario, a ladder diagram of
 each lab column's history (OUT/history/*.jsonl), each device beside the model personality that
-predicts it (agreement.TWIN) with the first user-visible difference marked.
+predicts it (agreement.twin) with the first user-visible difference marked.
 
 The page's DOM is a contract (the browser test reads it): td.cell[data-scenario][data-column]
 [data-outcome] in table#matrix; section.scenario[data-scenario] > figure.ladder[data-column]
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import ladder, junit as report
-from ..findings.agreement import TWIN
+from ..findings.agreement import twin
 
 TEMPLATE = "report.html.j2"
 
@@ -117,8 +117,8 @@ def _order(cols: list[Column]) -> list[str]:
     for c in cols:
         if c.backend in ("", "model"):
             continue
-        twin = model_of.get(TWIN.get(c.provider, ""))
-        for name in ((twin,) if twin else ()) + (c.name,):
+        model = model_of.get(twin(c.provider) or "")
+        for name in ((model,) if model else ()) + (c.name,):
             if name not in order:
                 order.append(name)
     return order + [c.name for c in cols if c.name not in order]
@@ -127,7 +127,7 @@ def _order(cols: list[Column]) -> list[str]:
 def twin_column(col: Column, cols: list[Column]) -> Optional[str]:
     if col.backend in ("", "model"):
         return None
-    personality = TWIN.get(col.provider)
+    personality = twin(col.provider)
     return next((c.name for c in cols if c.backend == "model" and c.provider == personality),
                 None)
 

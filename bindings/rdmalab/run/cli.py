@@ -32,7 +32,7 @@ from pathlib import Path
 from ..findings import registry as findings
 from . import inputs
 from ..report import junit as report
-from ..findings.agreement import TWIN
+from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 from .labkinds import LAB_KINDS
 
@@ -113,7 +113,7 @@ def usable_labs(labs: list[str]) -> list[str]:
         why = kind.unavailable()
         if why:
             devices = inputs.lab_parts(lab)[1]
-            model = ",".join(TWIN[d] for d in devices if d in TWIN) or "roce"
+            model = ",".join(p for p in map(twin, devices) if p) or "roce"
             print(f"rdmalab: --lab {lab}: the {kind.title} cannot run here ({why}); running the "
                   f"model (model:{model}) instead", file=sys.stderr)
             lab = f"model:{model}"

@@ -21,16 +21,16 @@ import signal
 import time
 from typing import Optional
 
-from .. import checkers, sec
+from .. import _core, checkers, sec
 from ..labs.engine import model_lab
 from .may_miss import mark_may_miss
 from .runner import Runner
 from .schedule import Schedule
 from .swarm_steps import StepGen, draw_knobs, splice, xrc_steps
 
-# The personalities with XRC: on half their seeds the XRC steps (swarm_steps.xrc_steps) are
+# The personalities with XRC (the engine's caps): on half their seeds the XRC steps (swarm_steps.xrc_steps) are
 # drawn from a stream of their own and spliced in at random places.
-XRC_PERSONALITIES = ("ib", "ib-legacy")
+XRC_PERSONALITIES = tuple(p for p in _core.personalities() if _core.personality_caps(p).xrc)
 
 
 def draw(seed: int, personality: str = "roce", steps: int = 30) -> Schedule:

@@ -31,7 +31,7 @@ from typing import Optional
 
 from ..paths import REPO
 from ..run import inputs
-from ..findings.agreement import TWIN
+from ..findings.agreement import twin as model_twin
 from ..run.inputs import BadInput
 from .schedule import Schedule
 
@@ -96,7 +96,7 @@ def column(lab: str) -> str:
 
 def twin(lab: str) -> str:
     device = (lab.partition(":")[2] or "rxe").split(",")[0]
-    return TWIN.get(device, "roce")
+    return model_twin(device) or "roce"
 
 
 # ---- swarm -----------------------------------------------------------------------------------
