@@ -15,7 +15,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rdmalab.report import evidence
+from rdmalab.report import evidence, evidence_host, evidence_wire
+from rdmalab.machines import rdma_res
 from rdmalab.findings import registry as findings, kernlog
 from rdmalab.errors import Hung
 from rdmalab.run.pytest_plugin import final_outcome, splat_failure
@@ -53,7 +54,7 @@ class HostSide:
         # QP, which a netns host would see too, is left out.
         qp = [{"ifname": "rxe0", "lqpn": n, "state": "RTS"} for n in self.objects] + \
             [{"ifname": "rxe9", "lqpn": 99}]
-        return evidence.parse_res("\n".join(json.dumps(x) for x in (qp, [], [], [], [])),
+        return rdma_res.parse_batch("\n".join(json.dumps(x) for x in (qp, [], [], [], [])),
                                   0, "", device)
 
     def host_begin(self, kmsg, device):
@@ -79,7 +80,7 @@ class Agent:
         self.broken = ""
 
     def function(self, module, name):
-        assert module == "rdmalab.report.evidence"
+        assert module == evidence.HOST_MODULE
         return getattr(self.side, name)
 
     def call_copy(self, module, name, *args, deadline_s=None, what=""):
@@ -149,7 +150,7 @@ class FakeLab:
 @pytest.fixture
 def switch(tmp_path):
     """The real fault switch with two fake VM sockets: (control path, send(frame, from))."""
-    binary = evidence.switch_binary()
+    binary = evidence_wire.switch_binary()
     if not binary.exists():
         pytest.skip(f"{binary} is not built (cmake --build build --target rdmalab-switch)")
     sock, ctl = tmp_path / "sw.sock", tmp_path / "sw.ctl"
@@ -274,10 +275,10 @@ def test_a_lost_or_hung_host_is_noted_not_waited_for(tmp_path):
 
 def test_res_batch_output_maps_to_kinds_and_a_failed_kind_says_so():
     out = '[{"lqpn":1,"ifname":"rxe0"},{"lqpn":2,"ifname":"rxe1"}]\n[]\n'
-    res = evidence.parse_res(out, 1, "Unknown command mr", device="rxe0")
+    res = rdma_res.parse_batch(out, 1, "Unknown command mr", device="rxe0")
     assert res["qp"] == [{"lqpn": 1, "ifname": "rxe0"}] and res["cm_id"] == []
     assert res["mr"]["error"].startswith("rdma -j res show mr: rc 1: Unknown command mr")
-    assert set(res) == set(evidence.RES_KINDS)
+    assert set(res) == set(rdma_res.KINDS)
 
 
 def test_rdma_batch_process_answers_or_says_why(monkeypatch, tmp_path):
@@ -288,13 +289,13 @@ def test_rdma_batch_process_answers_or_says_why(monkeypatch, tmp_path):
                     "read b; echo '[]'\nread c; echo \"Unknown: $c\" >&2; exit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    evidence._RDMA.clear()
-    res = evidence.rdma_res("rxe0", deadline_s=5.0)
+    rdma_res._RDMA.clear()
+    res = rdma_res.batch("rxe0", deadline_s=5.0)
     assert res["qp"] == [{"lqpn": 1, "ifname": "rxe0"}] and res["cm_id"] == []
     assert "rdma exited" in res["mr"]["error"] and "Unknown: res show mr" in res["mr"]["error"]
-    assert evidence._RDMA == {}  # stopped: the next query starts afresh
-    assert evidence.rdma_res("rxe0", deadline_s=5.0)["qp"] == [{"lqpn": 1, "ifname": "rxe0"}]
-    assert evidence._RDMA == {}
+    assert rdma_res._RDMA == {}  # stopped: the next query starts afresh
+    assert rdma_res.batch("rxe0", deadline_s=5.0)["qp"] == [{"lqpn": 1, "ifname": "rxe0"}]
+    assert rdma_res._RDMA == {}
 
 
 def test_outcome_of_a_kernel_splat_is_failed():
@@ -372,7 +373,7 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
                 raw.send(roce_cm_req())
 
     def reqs(path):
-        frames, _ = evidence.decode_pcap(path)
+        frames, _ = evidence_wire.decode_pcap(path)
         return [f["frame"]["cm"] for f in frames if "cm" in f["frame"]]
 
     def send_behind(pid, n):  # frames queued to a stopped tcpdump, which goes on 0.3 s later
@@ -387,10 +388,10 @@ def test_bridge_capture_on_this_machine_brings_each_scenario_its_frames(tmp_path
         send_behind(pid, 2)
         s1 = cap.take(first, str(tmp_path / "1.pcap"))
         # The second scenario looks through a host agent's file functions (no command).
-        second = cap.mark(probe=evidence.capture_state)
+        second = cap.mark(probe=evidence_host.capture_state)
         assert cap.pid == pid and second > first  # the same tcpdump
         send_behind(pid, 5)  # 5 x 338 bytes: past max_bytes
-        s2 = cap.take(second, str(tmp_path / "2.pcap"), read=evidence.file_part)
+        s2 = cap.take(second, str(tmp_path / "2.pcap"), read=evidence_host.file_part)
         files = list(pathlib.Path("/tmp").glob(f"rdmalab-bridge-{br}-*"))
         netns.BridgeCapture.close_all(local, br)
     finally:
