@@ -15,10 +15,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 from rdmalab.machines import deploy
-from rdmalab.machines.deploy import DeployError, bundle, ensure_agent
+from rdmalab.machines.deploy import DeployError, bundle, ensure_agent, shipment
 from rdmalab.machines.localmachine import LocalMachine
 
-ENGINE = REPO / "bindings" / "rdmalab" / f"_core{deploy._ext_suffix()}"
+ENGINE = REPO / "bindings" / "rdmalab" / f"_core{shipment._ext_suffix()}"
 pytestmark = pytest.mark.skipif(not ENGINE.exists(), reason="the engine is not built (make build)")
 
 
@@ -44,10 +44,10 @@ def make_repo(dest: Path, engine: bytes | None) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "CMakeLists.txt", dest / "CMakeLists.txt")
-    for f in deploy._engine_includes(REPO):  # cmake/unity.cmake
+    for f in shipment._engine_includes(REPO):  # cmake/unity.cmake
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, dest / f)
-    for d in deploy._engine_dirs(REPO):  # core, faults, bench, bindings: what CMake adds
+    for d in shipment._engine_dirs(REPO):  # core, faults, bench, bindings: what CMake adds
         shutil.copytree(REPO / d, dest / d, ignore=ignore)
     if engine is not None:
         (dest / "bindings" / "rdmalab" / ENGINE.name).write_bytes(engine)
@@ -78,7 +78,7 @@ def test_bundle_version_is_over_sources_not_the_built_engine(unfit_repo, tmp_pat
     assert not any(s.startswith("bindings/rdmalab") for s in b.sources)
     assert "bindings/rdmalab/agent/serve.py" in b.package
     assert "bindings/rdmalab/findings/findings.toml" in b.package  # the package's data ships with it
-    assert b.platform == deploy._ext_suffix().strip(".").removesuffix(".so")
+    assert b.platform == shipment._ext_suffix().strip(".").removesuffix(".so")
     # Another engine from the same sources: the same version (a host that rebuilt it matches).
     other = bundle(unfit_repo)
     assert other.version == b.version and other.engine_sha256 != b.engine_sha256
