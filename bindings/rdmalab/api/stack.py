@@ -267,14 +267,13 @@ def drain(lab, qp: Qp, traffic: Traffic, send_cq: Cq, recv_cq: Optional[Cq] = No
     recv_cq = send_cq if recv_cq is None else recv_cq
     d = None if dispatcher is None else dispatcher._o
     deadline = deadline_ns("drain", lab.now_ns, timeout_ns)
-    err_post = qp.ctx._o.caps.err_post  # the provider's answer to a post in ERR
     # Everything of qp's context: the engine refuses others (check_owner), and a proxy of
     # another agent's object here.
     where = unwrap(qp)
     parts = [engine_object(x, where, "drain", kind) for x, kind in
              ((send_cq, "send_cq"), (recv_cq, "recv_cq"), (srq, "srq"))]
     return _run(_core.drain_qp, lab._o, unwrap(qp), traffic._o, parts[0], parts[1],
-                deadline, d, parts[2], err_post)
+                deadline, d, parts[2])  # the QP knows its device's err_post
 
 
 def outcome_name(value) -> str:
