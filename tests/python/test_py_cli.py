@@ -110,7 +110,7 @@ def test_finding_marker_applies_to_its_device_only():
     import pytest
 
     from rdmalab.findings import registry as findings
-    from rdmalab.run.pytest_plugin import finding_on
+    from rdmalab.run.markers import finding_on
 
     class Caps:
         personality, name = "siw", "siw0"

@@ -19,7 +19,7 @@ from rdmalab.report import evidence, evidence_host, evidence_wire
 from rdmalab.machines import rdma_res
 from rdmalab.findings import registry as findings, kernlog
 from rdmalab.errors import Hung
-from rdmalab.run.pytest_plugin import final_outcome, splat_failure
+from rdmalab.run.outcome import final_outcome, splat_failure
 
 from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
 from test_py_rules import connect_control  # tests/python/test_py_rules.py

@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from rdmalab.run.pytest_plugin import history_name, parse_lab_option
+from rdmalab.report.junit import history_name
+from rdmalab.run.labspec import parse_lab_option
 
 PLUGIN = ("-p", "rdmalab.run.pytest_plugin")
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rdmalab.run import cli
-from rdmalab.run.pytest_plugin import parse_lab_option, parse_lab_options
+from rdmalab.run.labspec import parse_lab_option, parse_lab_options
 
 execnet = pytest.importorskip("execnet", reason="python3-execnet is not installed")
 pytest.importorskip("rpyc", reason="python3-rpyc is not installed")

@@ -17,7 +17,7 @@ import sys
 import tomllib
 import xml.etree.ElementTree as ET
 
-from rdmalab.run.pytest_plugin import history_name
+from rdmalab.report.junit import history_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "tests" / "kernlog" / "scenario_warn.py"
