@@ -35,11 +35,9 @@ from ..report import junit as report
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 from .labkinds import LAB_KINDS
+from ..paths import PACKAGE, REPO
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-BINDINGS_DIR = PACKAGE_DIR.parent
-REPO_ROOT = BINDINGS_DIR.parent
-DEFAULT_TESTS = REPO_ROOT / "tests" / "scenarios"
+DEFAULT_TESTS = REPO / "tests" / "scenarios"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,9 +152,9 @@ def run(args, extra: list[str]) -> int:
     if junit.exists():
         junit.unlink()  # never report a previous run's results
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BINDINGS_DIR), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE.parent), env.get("PYTHONPATH"))
                                         if p)
-    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO_ROOT,
+    rc = subprocess.call(pytest_command(args, extra), env=env, cwd=REPO,
                          stdin=subprocess.DEVNULL)
     status = _PYTEST_STATUS.get(rc, EXIT_FAILED)
     if rc == 5:
@@ -214,7 +212,7 @@ def findings_command(args) -> int:
         registry = findings.load(args.registry)
     except findings.FindingsError as e:
         raise BadInput(f"the registry is malformed:\n{e}") from None
-    problems = findings.check_files(registry, REPO_ROOT)
+    problems = findings.check_files(registry, REPO)
     for problem in problems:
         print(f"rdmalab findings: {problem}", file=sys.stderr)
     block = findings.markdown_tables(registry)
