@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from ..findings import registry as findings
-from . import inputs
+from . import inputs, options
 from ..report import junit as report
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
@@ -47,25 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run scenarios and print the result table",
                          epilog=inputs.EXIT_HELP, formatter_class=fmt)
-    run.add_argument("--lab", action="append", default=None,
-                     help='repeatable: "model", "model:ib,roce", "vm", "vm:rxe,siw", '
-                          '"netns:rxe" (hosts as network namespaces), "inventory:PATH" (default '
-                          'model). A VM lab that cannot run here falls back to the model, '
-                          'saying why')
-    run.add_argument("--vm-hosts", type=int, default=2,
-                     help="hosts of the VM or netns lab (default 2)")
-    run.add_argument("--kernel", default=None, metavar="SUITE|RELEASE",
-                     help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
-                          "Debian release such as 6.12.117+deb13-amd64")
-    run.add_argument("--seed", type=int, default=1, help="seed of every lab (default 1)")
-    run.add_argument("--out", default="out", help="output directory (default out/)")
-    run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
-    run.add_argument("--timeout", type=float, default=None,
-                     help="wall-clock seconds per test (plugin default 300)")
-    run.add_argument("--metrics-listen", metavar="HOST:PORT", default=None,
-                     help="serve Prometheus metrics while the run lasts (off by default)")
-    run.add_argument("--metrics-push", metavar="URL", default=None,
-                     help="push the metrics to this Pushgateway at the end (off by default)")
+    options.add_to_run(run)
     run.add_argument("paths", nargs="*", help=f"test paths (default {DEFAULT_TESTS})")
     rep = sub.add_parser("report", help="print the result table of a run and rebuild its "
                                         "report.html", epilog=inputs.EXIT_HELP,
@@ -84,22 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def pytest_command(args, extra: list[str]) -> list[str]:
     out = Path(args.out)
-    cmd = [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin",
-           *(args.paths or [str(DEFAULT_TESTS)]),
-           *[x for lab in args.lab for x in ("--lab", lab)], "--vm-hosts", str(args.vm_hosts),
-           "--seed", str(args.seed),
-           "--history-dir", str(out / "history"), "--junitxml", str(out / "junit.xml"),
-           "-o", "junit_logging=no", "-rfEs"]
-    if args.keyword:
-        cmd += ["-k", args.keyword]
-    if getattr(args, "kernel", None):
-        cmd += ["--kernel", args.kernel]
-    if args.timeout is not None:
-        cmd += ["--rdmalab-timeout", str(args.timeout)]
-    for option in ("metrics_listen", "metrics_push"):
-        if getattr(args, option):
-            cmd += ["--" + option.replace("_", "-"), getattr(args, option)]
-    return cmd + extra
+    return [sys.executable, "-m", "pytest", "-p", "rdmalab.run.pytest_plugin",
+            *(args.paths or [str(DEFAULT_TESTS)]), *options.forwarded(args),
+            "--history-dir", str(out / "history"), "--junitxml", str(out / "junit.xml"),
+            "-o", "junit_logging=no", "-rfEs", *extra]
 
 
 def usable_labs(labs: list[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 Load it with `-p rdmalab.run.pytest_plugin` or `pytest_plugins = ["rdmalab.run.pytest_plugin"]`.
 
-Options:
+Options (declared once, with their help, in rdmalab.run.options; `rdmalab run` takes them too):
   --lab SPEC           "model" (every model personality), "model:ib" or "model:ib,roce";
                        "vm" / "vm:rxe" / "vm:siw" / "vm:rxe,siw": the soft-RoCE VM lab;
                        "netns:rxe": hosts as network namespaces on one kernel (bindings/rdmalab/machines/netns.py);
@@ -38,8 +38,8 @@ expects it on that driver and kernel (its kernel_log regexes). JUnit properties:
 relative to the run's directory), evidence (the bundle's directory), kernel_splat (the first
 splat's first line), kernel_splat_expected (the entry that expected it).
 
-This module is the entry point and the session: the options, the run's settings, the machine
-pools' life. Its rooms: labspec (the columns), pools, session (settings, stash keys), fixtures,
+This module is the entry point and the session: the options (rdmalab.run.options), the run's
+settings, the machine pools' life. Its rooms: labspec (the columns), pools, session (settings, stash keys), fixtures,
 histories (what a test's labs leave), markers, outcome (a test's outcome and row), summary,
 wallclock (the safety net).
 """
@@ -51,7 +51,7 @@ from typing import Optional
 
 import pytest
 
-from . import metrics_pytest, pools, progress
+from . import metrics_pytest, options, pools, progress
 from .labspec import check_inventories, parse_lab_options
 from .session import SETTINGS, Settings, spec_of
 
@@ -63,29 +63,7 @@ pytest_plugins = ["rdmalab.run.fixtures", "rdmalab.run.markers", "rdmalab.run.ou
 
 def pytest_addoption(parser):
     group = parser.getgroup("rdmalab")
-    group.addoption("--lab", action="append", default=None,
-                    help='labs to run on, repeatable: "model" (every personality), '
-                         '"model:ib,roce", "vm" or "vm:rxe,siw" (the soft-RoCE VM lab), '
-                         '"netns:rxe" (hosts as network namespaces on one kernel), '
-                         '"inventory:PATH" (the machines of a TOML inventory)')
-    group.addoption("--vm-hosts", type=int, default=2,
-                    help="hosts (VMs) in the VM lab (default 2)")
-    group.addoption("--kernel", default=None, metavar="SUITE|RELEASE",
-                    help="the VM lab's guest kernel: bookworm (default), trixie, sid, or a "
-                         "Debian release such as 6.12.117+deb13-amd64 (also "
-                         "RDMALAB_VM_KERNEL)")
-    group.addoption("--seed", type=int, default=1, help="seed of every lab (default 1)")
-    group.addoption("--history-dir", default=None,
-                    help="write one JSON-lines history per lab into this directory")
-    group.addoption("--evidence-dir", default=None,
-                    help="an evidence bundle per scenario on device labs (capture, rdma res, "
-                         "kernel logs and their splats) in this directory; default: "
-                         "`evidence` beside --history-dir when that is given")
-    group.addoption("--rdmalab-timeout", type=float, default=300.0,
-                    help="wall-clock seconds per test before it fails (0 = no limit)")
-    group.addoption("--findings-registry", default=None,
-                    help="the findings registry the @finding markers name (default: the "
-                         "package's findings.toml)")
+    options.add_to_pytest(group)
     metrics_pytest.add_options(group)
 
 
