@@ -19,10 +19,11 @@ def _test_module(machine) -> str:
     """rdmalab_warn.ko built for the machine's running kernel (from the VM lab's cache, built
     there now if missing); skips where that kernel is not one the VM lab can build for."""
     from rdmalab.machines.vmlab import kernel  # the repository root is on sys.path under the plugin
+    from rdmalab.machines.vmlab import prepare
 
     release = machine.run("uname -r", 30).check(f"{machine.name}: uname -r").out.strip()
     try:
-        ko = kernel.ensure(release, siw=False, testmod=True).testmod_ko
+        ko = prepare.ensure(release, siw=False, testmod=True).testmod_ko
     except kernel.KernelError as exc:
         pytest.skip(f"no rdmalab_warn.ko for {machine.name}'s kernel {release}: {exc}")
     assert ko is not None

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from rdmalab.machines.vmlab import agent, initrd, kernel, pcap, switch
+from rdmalab.machines.vmlab import agent, debian, initrd, kernel, modules, pcap, switch
 from rdmalab.machines.vmlab.vm import Vm, VmSpec
 
 DEADLINE_S = 10.0
@@ -61,7 +61,7 @@ def test_load_order_puts_dependencies_first_once_each():
     deps = {"rdma_rxe": ["ib_uverbs", "ib_core", "udp_tunnel"], "ib_uverbs": ["ib_core"],
             "ib_core": [], "udp_tunnel": [], "rdma_ucm": ["rdma_cm", "ib_core"],
             "rdma_cm": ["ib_core", "iw_cm"], "iw_cm": ["ib_core"]}
-    order = kernel.load_order(["rdma-rxe", "rdma_ucm"], lambda n: deps[n])
+    order = modules.load_order(["rdma-rxe", "rdma_ucm"], lambda n: deps[n])
     assert order == ["ib_core", "ib_uverbs", "udp_tunnel", "rdma_rxe", "iw_cm", "rdma_cm",
                      "rdma_ucm"]
 
@@ -69,7 +69,7 @@ def test_load_order_puts_dependencies_first_once_each():
 def test_load_order_reports_a_cycle():
     deps = {"a": ["b"], "b": ["c"], "c": ["a"]}
     with pytest.raises(kernel.KernelError, match="a -> b -> c -> a"):
-        kernel.load_order(["a"], lambda n: deps[n])
+        modules.load_order(["a"], lambda n: deps[n])
 
 
 def frame(dst: str, src: str, payload: bytes = b"x" * 50) -> bytes:
@@ -296,13 +296,13 @@ def test_kernel_choice_and_refusals(monkeypatch):
     value that is neither a suite nor a Debian release is refused naming both."""
     for var in ("RDMALAB_VM_KERNEL", "VMLAB_KERNEL"):
         monkeypatch.delenv(var, raising=False)
-    assert kernel.kernel_choice() == "bookworm"
+    assert debian.kernel_choice() == "bookworm"
     monkeypatch.setenv("VMLAB_KERNEL", "6.1.0-56-amd64")
-    assert kernel.kernel_choice() == "6.1.0-56-amd64"
+    assert debian.kernel_choice() == "6.1.0-56-amd64"
     monkeypatch.setenv("RDMALAB_VM_KERNEL", "sid")
-    assert kernel.kernel_choice() == "sid" and kernel.kernel_choice("trixie") == "trixie"
+    assert debian.kernel_choice() == "sid" and debian.kernel_choice("trixie") == "trixie"
     with pytest.raises(kernel.KernelError, match="a Debian suite .*bookworm.*6.12.117"):
-        kernel.resolve("latest; rm -rf /")
+        debian.resolve("latest; rm -rf /")
 
 
 def test_compressed_and_builtin_modules(tmp_path):
@@ -313,11 +313,11 @@ def test_compressed_and_builtin_modules(tmp_path):
     (d / "veth.ko.xz").write_bytes(lzma.compress(b"\x7fELF veth"))
     (d / "bridge.ko").write_bytes(b"\x7fELF bridge")
     (tmp_path / "modules.builtin").write_text("kernel/lib/crc32.ko\nkernel/net/nf-tables.ko\n")
-    index = kernel.module_index(tmp_path)
+    index = modules.module_index(tmp_path)
     assert set(index) == {"veth", "bridge"}
-    assert kernel.module_bytes(index["veth"]) == b"\x7fELF veth"
-    assert kernel.module_bytes(index["bridge"]) == b"\x7fELF bridge"
-    assert kernel.builtin_modules(tmp_path) == {"crc32", "nf_tables"}
+    assert modules.module_bytes(index["veth"]) == b"\x7fELF veth"
+    assert modules.module_bytes(index["bridge"]) == b"\x7fELF bridge"
+    assert modules.builtin_modules(tmp_path) == {"crc32", "nf_tables"}
 
 
 def test_a_boot_whose_init_prints_nothing_is_killed_and_booted_once_more(tmp_path, monkeypatch,

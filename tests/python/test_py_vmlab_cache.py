@@ -1,7 +1,7 @@
 """The VM lab's artifact cache (bindings/rdmalab/machines/vmlab/cache.py, kernel.py, initrd.py): where it lives,
 what names an artifact, and that nothing cut short, changed or stale is used again.
 
-Debian is faked: kernel._run answers apt-cache, apt-get download, dpkg -x, modinfo and make
+Debian is faked: kernel.run answers apt-cache, apt-get download, dpkg -x, modinfo and make
 from the tables below, so these tests fetch and build nothing and take about a second.
 """
 from __future__ import annotations
@@ -20,13 +20,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from rdmalab.machines.vmlab import cache, initrd, kernel, ssh, up
+from rdmalab.machines.vmlab import buildroot, cache, initrd, kernel, modbuild, modules, prepare, ssh, up
+from rdmalab.machines.vmlab import debian as debian_mod  # `debian` is the fixture below
 
 REL = "6.1.0-99-amd64"
 VERSION = "6.1.999-1"
 COMMON = "linux-headers-6.1.0-99-common"
-MODULES = sorted(set(kernel.BASE_MODULES + kernel.RDMA_MODULES + kernel.NFT_MODULES
-                     + kernel.NETNS_MODULES))
+MODULES = sorted(set(modules.BASE_MODULES + modules.RDMA_MODULES + modules.NFT_MODULES
+                     + modules.NETNS_MODULES))
 
 
 def _tree(pkg: str) -> dict[str, bytes | str]:
@@ -88,7 +89,7 @@ class FakeDebian:
             return "\n"  # no dependencies between the fake modules
         if tool == "make":
             out = pathlib.Path(argv[3].removeprefix("M="))
-            name = "siw" if "siw.o" in (out / "Kbuild").read_text() else kernel.TESTMOD
+            name = "siw" if "siw.o" in (out / "Kbuild").read_text() else modbuild.TESTMOD
             (out / f"{name}.ko").write_bytes(b"\x7fELF " + name.encode() * 512)
             return ""
         raise AssertionError(f"unexpected command {argv}")
@@ -123,20 +124,20 @@ def debian(tmp_path, monkeypatch) -> FakeDebian:
     monkeypatch.setattr(kernel, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(kernel, "STATE", tmp_path / "clone" / ".cache" / "vmlab")
     monkeypatch.setattr(kernel, "_noted_old_layout", False)
-    monkeypatch.setattr(kernel, "_run", fake.run)
-    monkeypatch.setattr(kernel, "_siw_sources", fake.siw_sources)
+    monkeypatch.setattr(kernel, "run", fake.run)
+    monkeypatch.setattr(modbuild, "_siw_sources", fake.siw_sources)
     fake.said = []  # type: ignore[attr-defined]
     monkeypatch.setattr(kernel, "say", fake.said.append)  # type: ignore[attr-defined]
     testmod = tmp_path / "testmod"
     testmod.mkdir()
-    for f in kernel.TESTMOD_SRC.iterdir():
+    for f in modbuild.TESTMOD_SRC.iterdir():
         (testmod / f.name).write_bytes(f.read_bytes())
-    monkeypatch.setattr(kernel, "TESTMOD_SRC", testmod)
+    monkeypatch.setattr(modbuild, "TESTMOD_SRC", testmod)
     return fake
 
 
 def _prepare(siw: bool = True) -> kernel.Kernel:
-    return kernel.ensure("bookworm", siw=siw, testmod=True)
+    return prepare.ensure("bookworm", siw=siw, testmod=True)
 
 
 def _cut(path: pathlib.Path, keep: int = 100) -> None:
@@ -203,7 +204,7 @@ def test_a_second_prepare_and_a_second_clone_reuse_everything(debian, monkeypatc
     again = _prepare()
     assert again == k and debian.calls == []  # not even apt's index is read again
     assert not kernel.STATE.exists()  # preparing writes nothing into the clone
-    assert kernel.resolve(REL) == (REL, "bookworm") and debian.calls == []
+    assert debian_mod.resolve(REL) == (REL, "bookworm") and debian.calls == []
 
 
 def test_a_build_that_fails_leaves_nothing_and_a_dead_builders_leftovers_go(debian):
@@ -323,12 +324,12 @@ def test_keys_follow_the_inputs(debian, monkeypatch):
     names = {"kernel": k.root.name, "siw": k.siw_ko.parent.name,
              "testmod": k.testmod_ko.parent.name}
     # The test module's sources: a new testmod folder, the rest kept.
-    (kernel.TESTMOD_SRC / f"{kernel.TESTMOD}.c").write_text("/* changed */\n")
+    (modbuild.TESTMOD_SRC / f"{modbuild.TESTMOD}.c").write_text("/* changed */\n")
     k2 = _prepare()
     assert k2.testmod_ko.parent.name != names["testmod"] and k2.root == k.root
     assert k2.siw_ko == k.siw_ko
     # siw's Kbuild: a new siw folder.
-    monkeypatch.setattr(kernel, "SIW_KBUILD", kernel.SIW_KBUILD + "ccflags-y += -DX\n")
+    monkeypatch.setattr(modbuild, "SIW_KBUILD", modbuild.SIW_KBUILD + "ccflags-y += -DX\n")
     k3 = _prepare()
     assert k3.siw_ko.parent.name != names["siw"] and k3.root == k.root
     # A recipe's number: the same inputs, another name.
@@ -337,7 +338,7 @@ def test_keys_follow_the_inputs(debian, monkeypatch):
     # A new build of one package in the index (read again once the memo is gone): a new
     # kernel, and siw.ko and the test module built for it.
     debian.versions["linux-kbuild-6.1"] = "6.1.999-2"
-    kernel._memo_path(REL).unlink()
+    debian_mod.memo_path(REL).unlink()
     k4 = _prepare()
     assert k4.root.name != k.root.name and k4.key != k.key
     assert k4.siw_ko.parent.name != k3.siw_ko.parent.name
@@ -394,19 +395,19 @@ def test_headers_in_a_build_chroot_are_checked_like_an_artifact(debian, tmp_path
     def step(what: str, argv: list[str], timeout: float, log=None) -> str:
         return debian.run(argv)
 
-    monkeypatch.setattr(kernel, "_buildroot_step", step)
-    records = kernel._records_named([f"linux-headers-{REL}", COMMON, "linux-kbuild-6.1"], REL,
-                                    "bookworm")
-    kernel._buildroot_headers(d, k, records)
+    monkeypatch.setattr(buildroot, "_step", step)
+    records = debian_mod.records_named([f"linux-headers-{REL}", COMMON, "linux-kbuild-6.1"], REL,
+                                       "bookworm")
+    buildroot._headers(d, k, records)
     makefile = d / "usr" / "src" / f"linux-headers-{REL}" / "Makefile"
     assert makefile.read_text() == f"include /usr/src/{COMMON}/Makefile\n"  # not repointed
     assert os.readlink(d / "usr" / "lib" / "modules" / REL / "build") == f"/usr/src/linux-headers-{REL}"
     assert not (d / ".headers-stage").exists()
     debian.calls.clear()
-    kernel._buildroot_headers(d, k, records)
+    buildroot._headers(d, k, records)
     assert debian.count("dpkg") == 0
     _cut(makefile, 5)
-    kernel._buildroot_headers(d, k, records)
+    buildroot._headers(d, k, records)
     assert debian.count("dpkg") == 3 and makefile.read_text().startswith("include")
     assert any("Makefile has 5 bytes" in s for s in debian.said)
 

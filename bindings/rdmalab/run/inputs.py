@@ -148,7 +148,7 @@ def kernel(spec: Optional[str], option: str = "--kernel") -> Optional[str]:
     resolves it when the lab starts; here only its form is checked)."""
     if spec is None:
         return None
-    from ..machines.vmlab.kernel import SUITES
+    from ..machines.vmlab.debian import SUITES
     if spec in SUITES or re.fullmatch(r"\d+\.\d+(\.\d+)?[-+][A-Za-z0-9.+~-]+", spec):
         return spec
     raise BadInput(f"{option} {spec!r}: a Debian suite ({', '.join(SUITES)}) or a kernel "

@@ -9,7 +9,7 @@ import pathlib
 import sys
 import time
 
-from . import initrd, kernel, selftest, up
+from . import initrd, kernel, prepare, selftest, up
 from ..machine import MachineError
 from .vm import VmGroup
 
@@ -20,7 +20,7 @@ def _log(msg: str) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    k = kernel.ensure(siw=not args.no_siw)
+    k = prepare.ensure(siw=not args.no_siw)
     rd = initrd.ensure(k)
     _log(f"kernel {k.release} ({k.suite}) {k.vmlinuz}\n  siw {k.siw_ko}\n  initrd {rd}\n  "
          f"({time.monotonic() - t0:.1f} s)")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     pw.add_argument("--host", required=True)
     pw.add_argument("what", choices=["on", "off", "cycle"])
     args = ap.parse_args(argv)
-    if args.kernel:  # read by rdmalab.machines.vmlab.kernel, here and in up's supervisor process
+    if args.kernel:  # read by rdmalab.machines.vmlab.debian, here and in up's supervisor process
         os.environ["RDMALAB_VM_KERNEL"] = args.kernel
     commands = {"prepare": cmd_prepare, "selftest": cmd_selftest, "boot": cmd_boot,
                 "up": cmd_up, "serve": cmd_serve,

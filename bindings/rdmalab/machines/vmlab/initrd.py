@@ -12,7 +12,7 @@ import hashlib
 import io
 import pathlib
 
-from . import cache
+from . import cache, modules
 from . import kernel as kmod
 
 BUSYBOX = pathlib.Path("/bin/busybox")  # from busybox-static: no shared libraries
@@ -91,7 +91,7 @@ def ensure(k: kmod.Kernel) -> pathlib.Path:
     """Build (or reuse) the gzip'd initrd for kernel k; returns its path."""
     if not BUSYBOX.exists():
         raise kmod.KernelError(f"{BUSYBOX} missing: apt-get install busybox-static")
-    mods = [(n, kmod.module_bytes(p)) for n, p in kmod.guest_modules(k)]
+    mods = [(n, modules.module_bytes(p)) for n, p in modules.guest_modules(k)]
     busybox, init = BUSYBOX.read_bytes(), INIT_SH.read_bytes()
 
     def make(d: pathlib.Path) -> list[str]:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from . import debian
 from . import kernel as kernel_mod
 from . import ssh as ssh_mod
 from .vm import SOCK_PATH_MAX, VmGroup, Vm, VmError, VmTimeout, tail
@@ -351,7 +352,7 @@ def up(device: str, n: int, inventory: pathlib.Path, memory_mb: int) -> int:
     _log(f"supervisor pid {proc.pid}, state {state}")
     end = t0 + UP_DEADLINE_S
     # The supervisor's own lines (each guest's boot) go to serve.log; this one says the whole.
-    with kernel_mod.waiting(f"up: {n} {device} guest{'s' * (n > 1)} ({kernel_mod.kernel_choice()})"
+    with kernel_mod.waiting(f"up: {n} {device} guest{'s' * (n > 1)} ({debian.kernel_choice()})"
                             f" starting, log {state}/serve.log", UP_DEADLINE_S, started=t0):
         while (info := read_state(state)).get("state") != "ready":
             why = None

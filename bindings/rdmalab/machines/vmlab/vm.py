@@ -31,6 +31,7 @@ import weakref
 from ..machine import MachineError, Result  # noqa: F401  (Result: what run() returns)
 from . import initrd as initrd_mod
 from . import kernel as kernel_mod
+from . import prepare
 from . import ssh as ssh_mod
 
 AGENT = pathlib.Path(__file__).with_name("agent.py")
@@ -355,7 +356,7 @@ class VmGroup:
             sysctl = parse_sysctl(os.environ.get("RDMALAB_VM_SYSCTL", ""))
         # kernel: --kernel's value (a Debian suite or release); None: RDMALAB_VM_KERNEL's, else
         # bookworm. siw.ko is built only for a lab that uses it.
-        self.kernel = kernel_mod.ensure(kernel, siw=rdma == "siw")
+        self.kernel = prepare.ensure(kernel, siw=rdma == "siw")
         self.initrd = initrd_mod.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
         if workdir is None:
