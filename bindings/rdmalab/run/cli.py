@@ -31,11 +31,12 @@ from pathlib import Path
 
 from ..findings import registry as findings
 from . import inputs, options
-from ..report import junit as report
+from ..report import html as html_report, junit as report, matrix
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 from .labkinds import LAB_KINDS
 from ..paths import PACKAGE, REPO
+from ..schedules import swarm_cli
 
 DEFAULT_TESTS = REPO / "tests" / "scenarios"
 
@@ -147,13 +148,12 @@ def run(args, extra: list[str]) -> int:
 def write_html(out: Path, junit: Path) -> bool:
     """Writes out/report.html and prints its path; False (having said why) when an input could
     not be read."""
-    from ..report import html as html_report
     try:
         path, problems = html_report.write(out, junit)
     except html_report.ReportError as e:
         print(f"rdmalab report: {e}", file=sys.stderr)
         return False
-    except ImportError as e:
+    except ImportError as e:  # jinja2, which report.html imports when it renders
         print(f"rdmalab report: no report.html: {e} (apt-get install python3-jinja2)",
               file=sys.stderr)
         return False
@@ -166,10 +166,9 @@ def write_html(out: Path, junit: Path) -> bool:
 def report_command(args) -> int:
     given = Path(args.junit)
     out, junit = (given, given / "junit.xml") if given.is_dir() else (given.parent, given)
-    from ..report.html import ReportError, read_results
     try:
-        results = read_results(junit)
-    except ReportError as e:
+        results = html_report.read_results(junit)
+    except html_report.ReportError as e:
         raise BadInput(str(e)) from None
     print(report.format_table(results), end="")
     if not write_html(out, junit):
@@ -205,10 +204,8 @@ def findings_command(args) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["matrix"]:  # its own parser (rdmalab.report.matrix)
-        from ..report import matrix
         return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
     if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.schedules.swarm_cli
-        from ..schedules import swarm_cli
         return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
     extra: list[str] = []
     if "--" in argv:
