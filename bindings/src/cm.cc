@@ -1,12 +1,12 @@
-// rdma_cm (cm.h) and the connection helpers of core/stack/connection.h. Every engine call
-// releases the GIL (bind.h): a CM verb may hand the baton to the pump's threads, whose
+// rdma_cm (cm.h) and the connection helpers of core/stack (connection.h, cm_pair.h). Every engine
+// call releases the GIL (bind.h): a CM verb may hand the baton to the pump's threads, whose
 // handlers call back into Python. Objects handed out are destroyed without the GIL.
 #include "rdmalab/cm.h"
 
-#include <algorithm>
 #include <tuple>
 
 #include "bind.h"
+#include "stack/cm_pair.h"
 #include "stack/connection.h"
 
 namespace rdmalab::bindings {
@@ -156,114 +156,9 @@ void bind_connection(py::module_& m) {
   def_fn(m, "cm_event_names", &event_names, arg("events"));
 }
 
-// CmPair's bring-up in one call (rdmalab.resources.CmPair): the same engine calls, in the
-// same order and with the same deadlines, as its step-by-step Python path, so the history is
-// the same; only the Python between them is gone. It stops at the first step that does not
-// succeed and leaves what it made in the state; the Python side raises what that step raises.
-struct CmPairUp {
-  std::shared_ptr<CmId> listener;
-  std::optional<CmConnection> client;
-  std::optional<CmEvent> request;
-  TimeNs request_ns = 0;  // when it was taken (CmId.request's t_ns)
-  std::optional<CmConnection> server;
-  std::shared_ptr<Context> client_ctx, server_ctx;  // the ids' devices (CmId.context())
-  std::optional<CmEventRecord> client_established;  // ESTABLISHED or the failure that came
-  std::optional<CmEventRecord> server_established;
-  bool client_waited = false;  // the waits ran (a missing record then means their timeout)
-  bool server_waited = false;
-  bool ok = false;  // every step done, both sides ESTABLISHED
-};
-
-// CmId.wait's engine call: the first of `types` for the id, from `timeout_ns` on.
-std::optional<CmEventRecord> wait_for(CmEventPump& pump, Runtime& rt, const CmId& id,
-                                      const std::vector<CmEventType>& types, TimeNs timeout_ns) {
-  return pump.wait_first(id.id(), types, rt.now_ns() + timeout_ns);
-}
-
-// No specs (None): the defaults, as rdmalab.cm._spec makes them without arguments.
-void cm_pair_up(CmPairUp& st, Lab& lab, CmEventPump& server, CmEventPump& client, uint16_t port,
-                const std::string& dst, std::optional<CmEndpointSpec> connect_spec,
-                std::optional<CmEndpointSpec> accept_spec, TimeNs timeout_ns,
-                const std::vector<CmEventType>& established) {
-  Runtime& rt = lab.runtime();
-  if (!connect_spec) {
-    connect_spec.emplace();
-    connect_spec->dst = dst;
-    connect_spec->port = port;
-  }
-  if (!accept_spec) accept_spec.emplace();
-  st.listener = cm_listen(server, port);
-  st.client = cm_connect(client, *connect_spec, rt.now_ns() + timeout_ns);
-  st.client_ctx = st.client->id->context();
-  st.request = server.next_connect_request(st.listener->id(), rt.now_ns() + timeout_ns);
-  if (!st.request) return;
-  st.request_ns = rt.now_ns();
-  st.server = cm_accept(server, server.channel().find_id(st.request->id), *accept_spec);
-  st.server_ctx = st.server->id->context();
-  st.client_waited = true;
-  st.client_established = wait_for(client, rt, *st.client->id, established, timeout_ns);
-  if (!st.client_established || st.client_established->event.event != established[0]) return;
-  st.server_waited = true;
-  st.server_established = wait_for(server, rt, *st.server->id, established, timeout_ns);
-  st.ok = st.server_established && st.server_established->event.event == established[0];
-}
-
-// CmPair.disconnect in one call: the client disconnects, the server waits for DISCONNECTED
-// and answers, the client waits for DISCONNECTED. Stops at a wait that does not end well.
-struct CmPairDown {
-  std::optional<CmEventRecord> server_disconnected;
-  std::optional<CmEventRecord> client_disconnected;
-  bool server_waited = false;
-  bool client_waited = false;
-  bool ok = false;  // both sides DISCONNECTED
-};
-
-void cm_pair_disconnect(CmPairDown& st, Lab& lab, CmEventPump& client, CmId& client_id,
-                        CmEventPump& server, CmId& server_id, TimeNs timeout_ns,
-                        const std::vector<CmEventType>& disconnected) {
-  Runtime& rt = lab.runtime();
-  client_id.disconnect();
-  st.server_waited = true;
-  st.server_disconnected = wait_for(server, rt, server_id, disconnected, timeout_ns);
-  if (!st.server_disconnected || st.server_disconnected->event.event != disconnected[0]) return;
-  server_id.disconnect();
-  st.client_waited = true;
-  st.client_disconnected = wait_for(client, rt, client_id, disconnected, timeout_ns);
-  st.ok = st.client_disconnected && st.client_disconnected->event.event == disconnected[0];
-}
-
-// CmChannel.close in one call, for a channel whose listeners have no request left untaken
-// (else it returns false at once: the Python path wraps those ids first). conns: every id
-// of the channel as (id, pd, cq, qp), in the order CmChannel.close destroys them.
+// cm_channel_close's connections, as Python passes them: (id, pd, cq, qp).
 using ConnParts = std::tuple<std::shared_ptr<CmId>, std::shared_ptr<Pd>, std::shared_ptr<Cq>,
                              std::shared_ptr<Qp>>;
-struct CmChannelClose {
-  bool stopped = false;  // the pump is stopped (CmChannel._closed from then on)
-};
-
-bool cm_channel_close(CmChannelClose& st, Lab& lab, CmEventPump& pump,
-                      const std::vector<ConnParts>& conns, const std::vector<uint64_t>& listeners,
-                      TimeNs timeout_ns) {
-  for (uint64_t listener : listeners) {
-    for (const auto& r : pump.events(listener)) {
-      if (r.event.event != CmEventType::CONNECT_REQUEST) continue;
-      const bool known = std::any_of(conns.begin(), conns.end(), [&r](const ConnParts& c) {
-        return std::get<0>(c)->id() == r.event.id;
-      });
-      if (!known) return false;
-    }
-  }
-  Runtime& rt = lab.runtime();
-  for (const auto& [id, pd, cq, qp] : conns) {
-    if (id->destroyed()) continue;
-    CmConnection c{id, pd, cq, qp};
-    cm_close(pump, c, rt.now_ns() + timeout_ns);
-  }
-  if (pump.running()) pump.stop(rt.now_ns() + timeout_ns);
-  st.stopped = true;
-  pump.channel().destroy();
-  return true;
-}
 
 // (id, context, pd, cq, qp) of a side cm_pair_up made, as CmId._adopt takes them.
 py::object side_parts(const std::optional<CmConnection>& c, const std::shared_ptr<Context>& ctx) {
@@ -308,17 +203,40 @@ void bind_pair(py::module_& m) {
       .def_readonly("server_waited", &CmPairDown::server_waited)
       .def_readonly("client_waited", &CmPairDown::client_waited)
       .def_readonly("ok", &CmPairDown::ok);
-  def_fn(m, "cm_pair_up", &cm_pair_up, arg("state"), arg("lab"), arg("server"), arg("client"),
-         arg("port"), arg("dst"), arg("connect_spec"), arg("accept_spec"), arg("timeout_ns"),
-         arg("established"), kRelease);
+  def_fn(
+      m, "cm_pair_up",
+      [](CmPairUp& st, Lab& lab, CmEventPump& server, CmEventPump& client, uint16_t port,
+         const std::string& dst, std::optional<CmEndpointSpec> connect_spec,
+         std::optional<CmEndpointSpec> accept_spec, TimeNs timeout_ns,
+         const std::vector<CmEventType>& established) {
+        cm_pair_up(st, lab.runtime(), server, client, port, dst, std::move(connect_spec),
+                   std::move(accept_spec), timeout_ns, established);
+      },
+      arg("state"), arg("lab"), arg("server"), arg("client"), arg("port"), arg("dst"),
+      arg("connect_spec"), arg("accept_spec"), arg("timeout_ns"), arg("established"), kRelease);
   Class<CmChannelClose>(m, "CmChannelClose")
       .def(py::init<>())
       .def_readonly("stopped", &CmChannelClose::stopped);
-  def_fn(m, "cm_channel_close", &cm_channel_close, arg("state"), arg("lab"), arg("pump"),
-         arg("conns"), arg("listeners"), arg("timeout_ns"), kRelease);
-  def_fn(m, "cm_pair_disconnect", &cm_pair_disconnect, arg("state"), arg("lab"), arg("client"),
-         arg("client_id"), arg("server"), arg("server_id"), arg("timeout_ns"), arg("disconnected"),
-         kRelease);
+  def_fn(
+      m, "cm_channel_close",
+      [](CmChannelClose& st, Lab& lab, CmEventPump& pump, const std::vector<ConnParts>& parts,
+         const std::vector<uint64_t>& listeners, TimeNs timeout_ns) {
+        std::vector<CmConnection> conns;
+        conns.reserve(parts.size());
+        for (const auto& [id, pd, cq, qp] : parts) conns.push_back(CmConnection{id, pd, cq, qp});
+        return cm_channel_close(st, lab.runtime(), pump, conns, listeners, timeout_ns);
+      },
+      arg("state"), arg("lab"), arg("pump"), arg("conns"), arg("listeners"), arg("timeout_ns"),
+      kRelease);
+  def_fn(
+      m, "cm_pair_disconnect",
+      [](CmPairDown& st, Lab& lab, CmEventPump& client, CmId& client_id, CmEventPump& server,
+         CmId& server_id, TimeNs timeout_ns, const std::vector<CmEventType>& disconnected) {
+        cm_pair_disconnect(st, lab.runtime(), client, client_id, server, server_id, timeout_ns,
+                           disconnected);
+      },
+      arg("state"), arg("lab"), arg("client"), arg("client_id"), arg("server"), arg("server_id"),
+      arg("timeout_ns"), arg("disconnected"), kRelease);
 }
 
 void bind_pump(py::module_& m) {
