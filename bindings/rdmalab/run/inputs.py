@@ -14,6 +14,10 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from ..findings.registry import FindingsError
+from ..machines.inventory import InventoryError, load as load_inventory
+from ..machines.inventory import is_secret_name as secret_rule
+from ..machines.vmlab.debian import SUITES
 from .labkinds import LAB_KINDS, LabKind
 
 EXIT_PASSED = 0      # every result passed (or the command did what was asked)
@@ -102,10 +106,9 @@ def labs(texts: Optional[Iterable[str]], cwd: Optional[str] = None, *,
 def inventory(path: str):
     """The inventory read and checked (rdmalab.machines.inventory); its InventoryError as BadInput. The
     message names the file, line and field, never a refused secret's value."""
-    from ..machines import inventory as inv
     try:
-        return inv.load(path)
-    except inv.InventoryError as e:
+        return load_inventory(path)
+    except InventoryError as e:
         raise BadInput(str(e)) from None
 
 
@@ -132,7 +135,7 @@ def duration(value, option: str, unit: str = "minutes") -> float:
 
 def mutations(names: Iterable[str], option: str = "--mutation") -> list[str]:
     """Planted defect names, each one the model knows (rdmalab.labs.engine.MUTATIONS)."""
-    from ..labs.engine import MUTATIONS
+    from ..labs.engine import MUTATIONS  # the engine: inputs imports without it (report.matrix)
     out = []
     for name in names or []:
         if name not in MUTATIONS:
@@ -148,7 +151,6 @@ def kernel(spec: Optional[str], option: str = "--kernel") -> Optional[str]:
     resolves it when the lab starts; here only its form is checked)."""
     if spec is None:
         return None
-    from ..machines.vmlab.debian import SUITES
     if spec in SUITES or re.fullmatch(r"\d+\.\d+(\.\d+)?[-+][A-Za-z0-9.+~-]+", spec):
         return spec
     raise BadInput(f"{option} {spec!r}: a Debian suite ({', '.join(SUITES)}) or a kernel "
@@ -158,7 +160,7 @@ def kernel(spec: Optional[str], option: str = "--kernel") -> Optional[str]:
 def schedule(path: str):
     """A schedule file read and checked (rdmalab.schedules); ScheduleError names the step and
     field."""
-    from ..schedules import Schedule
+    from ..schedules import Schedule  # the engine: inputs imports without it (report.matrix)
     return Schedule.load(path)
 
 
@@ -185,24 +187,16 @@ def host_port(value: Optional[str], option: str) -> Optional[str]:
 
 def is_secret_name(name: str) -> bool:
     """A field whose name says it holds a secret: its value is never shown. The rule's one
-    home is bindings/rdmalab/machines/inventory.py (it needs no engine build there)."""
-    from ..machines.inventory import is_secret_name as rule
-    return rule(name)
+    home is rdmalab.machines.inventory (it needs no engine build there)."""
+    return secret_rule(name)
 
 
 # ---- running a command -----------------------------------------------------------------------
 
 def refusals() -> tuple[type, ...]:
     """Every error type that means bad input: BadInput and the file parsers' own errors."""
-    from ..schedules import ScheduleError
-    from ..findings.registry import FindingsError
-    kinds: list[type] = [BadInput, ScheduleError, FindingsError]
-    try:
-        from ..machines.inventory import InventoryError
-        kinds.append(InventoryError)
-    except ImportError:
-        pass
-    return tuple(kinds)
+    from ..schedules import ScheduleError  # the engine: inputs imports without it (report.matrix)
+    return (BadInput, ScheduleError, FindingsError, InventoryError)
 
 
 def guard(command: str, fn: Callable[[], int]) -> int:

@@ -83,7 +83,7 @@ class LabKind:
     title: str    # what messages call it ("the VM lab cannot run here")
     usage: str    # its forms, as the refusal of an unknown kind lists them
     example: str  # a form with names, as the refusal of an empty list suggests
-    device: bool  # runs a kernel's RDMA device: evidence bundles, kernel logs, compared with the model
+    device: bool  # a kernel's RDMA device: evidence, kernel logs, compared with the model
     known: Callable[[], Sequence[str]] = tuple  # the names it takes after the colon
     default: Optional[tuple[str, ...]] = None   # the names when none is given; None: every known
     unknown: str = ""  # the refusal of names it does not know: .format(bad=, known=)
