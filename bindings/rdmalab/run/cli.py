@@ -34,7 +34,7 @@ from . import inputs, options
 from ..report import html as html_report, junit as report, matrix
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
-from .labkinds import LAB_KINDS
+from .labkinds import DEFAULT_LAB, LAB_KINDS
 from ..paths import PACKAGE, REPO
 from ..schedules import swarm_cli
 
@@ -77,7 +77,7 @@ def usable_labs(labs: list[str]) -> list[str]:
     """The labs asked for, each of a kind that cannot run here (the VM lab without qemu)
     replaced by the model personalities of its devices, saying why."""
     out: list[str] = []
-    for lab in labs or ["model"]:
+    for lab in labs or [DEFAULT_LAB]:
         kind = LAB_KINDS[lab.partition(":")[0]]
         why = kind.unavailable()
         if why:

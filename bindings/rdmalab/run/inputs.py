@@ -18,7 +18,7 @@ from ..findings.registry import FindingsError
 from ..machines.inventory import InventoryError, load as load_inventory
 from ..machines.inventory import is_secret_name as secret_rule
 from ..machines.vmlab.debian import SUITES
-from .labkinds import LAB_KINDS, LabKind
+from .labkinds import DEFAULT_LAB, LAB_KINDS, LabKind
 
 EXIT_PASSED = 0      # every result passed (or the command did what was asked)
 EXIT_FAILED = 1      # a result failed: a scenario, a checker, a divergence, a stale table
@@ -94,7 +94,7 @@ def lab(text: str, cwd: Optional[str] = None, *, read_inventory: bool = True) ->
 
 
 def labs(texts: Optional[Iterable[str]], cwd: Optional[str] = None, *,
-         default: str = "model") -> list[str]:
+         default: str = DEFAULT_LAB) -> list[str]:
     out: list[str] = []
     for text in texts or [default]:
         canon = lab(text, cwd)

@@ -17,6 +17,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 SOFT_DEVICES = ("rxe", "siw")  # the devices `rdma link add` makes: the VM and netns labs'
+DEFAULT_LAB = "model"  # --lab when none is given
 
 
 def _engine():

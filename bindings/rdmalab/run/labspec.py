@@ -11,7 +11,7 @@ import os
 import pytest
 
 from . import inputs
-from .labkinds import LAB_KINDS, LabKind
+from .labkinds import DEFAULT_LAB, LAB_KINDS, LabKind
 from .pools import agent_pool
 from ..agent.remote import obtain
 from ..api.verbs import DeviceCaps
@@ -72,7 +72,7 @@ def _probe_caps(spec: LabSpec) -> DeviceCaps:
 def parse_lab_options(texts) -> list[LabSpec]:
     """Every --lab given, in order, without repeats."""
     specs: list[LabSpec] = []
-    for text in texts or ["model"]:
+    for text in texts or [DEFAULT_LAB]:
         specs += [s for s in parse_lab_option(text) if s not in specs]
     return specs
 
