@@ -1,8 +1,6 @@
 // The stack helpers of core/stack: connection bring-up, the completion ledger and traffic
 // engine, the async event dispatcher and the drain. Classes that keep a Runtime& or
 // History* take the lab and keep it alive (keep_alive), so they never outlive it.
-#include <optional>
-
 #include "bind.h"
 #include "stack/connect.h"
 #include "stack/dispatcher.h"
@@ -220,16 +218,14 @@ void bind_drain(py::module_& m) {
       .def_readonly("cq_overflow", &DrainReport::cq_overflow)
       .def_readonly("elapsed_ns", &DrainReport::elapsed_ns)
       .def_readonly("detail", &DrainReport::detail);
-  // err_post: accepted and unused while rdmalab/stack.py still passes it; the QP's device
-  // caps decide (drain.h).
   def_fn(
       m, "drain_qp",
       [](Lab& lab, Qp& qp, Traffic& traffic, Cq& send_cq, Cq& recv_cq, TimeNs deadline_ns,
-         AsyncDispatcher* dispatcher, Srq* srq, std::optional<ErrPostPolicy> /*err_post*/) {
+         AsyncDispatcher* dispatcher, Srq* srq) {
         return drain_qp(lab.runtime(), qp, traffic, send_cq, recv_cq, deadline_ns, dispatcher, srq);
       },
       arg("lab"), arg("qp"), arg("traffic"), arg("send_cq"), arg("recv_cq"), arg("deadline_ns"),
-      arg("dispatcher") = nullptr, arg("srq") = nullptr, arg("err_post") = std::nullopt, kRelease);
+      arg("dispatcher") = nullptr, arg("srq") = nullptr, kRelease);
 }
 
 }  // namespace
