@@ -20,7 +20,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from rdmalab.machines.vmlab import buildroot, cache, initrd, kernel, modbuild, modules, prepare, ssh, up
+from rdmalab.machines.vmlab import (buildroot, cache, initrd, kernel, modbuild, modules, prepare,
+                                     ssh, up)
 from rdmalab.machines.vmlab import debian as debian_mod  # `debian` is the fixture below
 
 REL = "6.1.0-99-amd64"
