@@ -1,6 +1,6 @@
 // The engine's Prometheus metrics (core/metrics): the registry fed by a lab's history, the pull
 // endpoint, the Pushgateway push and the device counters. Wrapping only; the Python API is
-// rdmalab.metrics.
+// rdmalab.run.metrics.
 #include "metrics/metrics.h"
 #include "bind.h"
 #include "metrics/device_counters.h"

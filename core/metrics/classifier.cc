@@ -12,7 +12,7 @@ namespace {
 
 constexpr double kSecondsPerNs = 1e-9;
 
-// Events that end a connection attempt without ESTABLISHED (rdmalab.cm.FAILURE_EVENTS).
+// Events that end a connection attempt without ESTABLISHED (rdmalab.api.cm_values.FAILURE_EVENTS).
 constexpr std::array<std::string_view, 6> kConnectFailures = {
     "ADDR_ERROR", "ROUTE_ERROR", "CONNECT_ERROR", "UNREACHABLE", "REJECTED", "DEVICE_REMOVAL"};
 

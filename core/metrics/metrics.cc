@@ -40,7 +40,7 @@ Labels with(const Source& s, Labels more) {
   return more;
 }
 
-// IB CM REJ reasons (IBTA table 112) the stack names; rdmalab.cm.REJ_REASON has the same.
+// IB CM REJ reasons (IBTA table 112) the stack names; rdmalab.api.cm_values.REJ_REASON has the same.
 const char* rej_reason(int status) {
   switch (status) {
     case REJ_TIMEOUT:

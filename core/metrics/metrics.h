@@ -52,7 +52,7 @@ std::string push_uri(const std::string& url, const std::string& job,
 // not a short name ([A-Za-z0-9_.:-], at most 48 characters).
 std::string bounded(const std::string& value);
 
-// The CM event status as a bounded name, as rdmalab.cm.status_name does: "OK", an errno name
+// The CM event status as a bounded name, as rdmalab.api.cm_values.status_name does: "OK", an errno name
 // ("ETIMEDOUT"), an IB REJ reason on REJECTED ("STALE_CONN"), else the number.
 std::string cm_status_name(const std::string& event, int status);
 
