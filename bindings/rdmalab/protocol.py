@@ -42,6 +42,7 @@ class Lab(Protocol):
     timer_slack_ns: int     # per kernel timer whose run cm_timing predicts (0 on the model)
     addresses: dict         # host name -> what rdma_cm resolves for it
     capabilities: frozenset
+    t0_ns: int              # the lab clock's time of the history's t_ns 0 (0: the same clock)
 
     def has(self, capability: str) -> bool: ...
     @property

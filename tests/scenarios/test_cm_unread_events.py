@@ -31,7 +31,7 @@ def destroy_id_span(lab, host="b"):
     time, not the harness's calls into the host's agent around it (the MR, QP, CQ and PD
     that close() also releases: on a loaded TCG guest each call took up to 500 ms)."""
     history = lab.history()
-    t0 = getattr(lab, "t0_ns", 0)  # an agent lab's history counts from its start
+    t0 = lab.t0_ns  # an agent lab's history counts from its start
     begin = [r for r in history if r["kind"] == "cm_destroy_begin" and r["host"] == host][-1]
     end = next(r for r in history if r["seq"] > begin["seq"] and r["host"] == host
                and r["object"] == begin["object"]

@@ -154,6 +154,8 @@ class EngineLab:
     def _make_faults(self):
         return NoFaults(self)
 
+    t0_ns = 0  # the history's t_ns is the engine's clock
+
     def has(self, capability: str) -> bool:
         """Whether this lab has a capability (rdmalab.protocol)."""
         return capability in self.capabilities

@@ -58,9 +58,10 @@ class Metrics:
         decides how (Lab.attach_metrics): an engine lab as its history is written; a
         lab whose records live on other machines when it shuts down, from its merged
         history (ingest_lab)."""
-        attach = getattr(lab, "attach_metrics", None)
-        if attach is None:
-            raise TypeError(f"cannot attach {lab!r}: not a lab (rdmalab.protocol.Lab)")
+        try:
+            attach = lab.attach_metrics
+        except AttributeError:
+            raise TypeError(f"cannot attach {lab!r}: not a lab (rdmalab.protocol.Lab)") from None
         attach(self)
         return self
 
