@@ -273,7 +273,7 @@ test-browser:
 	RDMALAB_REPORT_DIR=$(abspath $(OUT))/vm-siw RDMALAB_SCREENSHOT=$(abspath $(OUT))/browser/report.png \
 	  $(PYTEST) tests/browser -rs
 
-# The netns lab (bindings/rdmalab/machines/netns.py): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
+# The netns lab (bindings/rdmalab/machines/netns/): NETNS_HOSTS hosts as network namespaces on one kernel, rxe in
 # each. This machine's kernel has no rxe, so they live inside one guest booted with
 # NETNS_KERNEL (rxe works per network namespace since 7.1). Beside the model twin.
 NETNS_KERNEL ?= sid

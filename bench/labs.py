@@ -12,7 +12,7 @@ uptime`) split the time: before the guest kernel's clock starts (qemu, firmware,
 decompression), kernel to init's modules, 9p root and network, rdma link, the agent's
 python start, and the controller noticing.
 
-The netns lab (bindings/rdmalab/machines/netns.py) beside the two-VM lab, both as the scenarios get them (an agent
+The netns lab (bindings/rdmalab/machines/netns/) beside the two-VM lab, both as the scenarios get them (an agent
 pool: every host up, its agent shipped and answering, the data path warm): two rxe hosts as
 network namespaces (in one sid guest here: this machine's kernel has no rxe) against two rxe
 guests with the same kernel. Without --quick also the scenario suite's wall time on each

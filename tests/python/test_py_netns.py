@@ -1,4 +1,4 @@
-"""bindings/rdmalab/machines/netns.py: hosts as network namespaces on this kernel, driven through a LocalMachine.
+"""bindings/rdmalab/machines/netns/: hosts as network namespaces on this kernel, driven through a LocalMachine.
 
 Without RDMA (rdma="none": this check needs no rxe): the namespaces, their veths and bridge,
 commands, execnet and nftables inside a namespace, power off/on as a crash and a rebuild, the
