@@ -1,11 +1,11 @@
 """The kernel timer wheel as cm_timing predicts it (rdmalab/kernel_timer.h, bound in _core),
-and the host's HZ probe (rdmalab.findings.kernel)."""
+and the host's HZ probe (rdmalab.kernel)."""
 
 import gzip
 
 import pytest
 
-from rdmalab.findings import kernel
+from rdmalab import kernel
 from rdmalab import model_lab, ms, sec
 from rdmalab.api.cm_timing import IbCmTiming, kernel_timer_range_ns, late_bound_ns
 

@@ -1,4 +1,4 @@
-"""rdmalab.run.progress: long waits say what they wait for and how long is left, one whole line at
+"""rdmalab.progress: long waits say what they wait for and how long is left, one whole line at
 a time, never for a short wait, and past pytest's capture. Costs two small pytest
 subprocesses, waits of a second): about 6 s."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rdmalab.run import progress
+from rdmalab import progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -115,7 +115,7 @@ def test_vmlab_uses_the_same_module():
 
 SCENARIO = """
 import time
-from rdmalab.run import progress
+from rdmalab import progress
 
 def test_long_wait():
     print("captured stdout")
@@ -135,7 +135,7 @@ def test_lines_get_past_pytest_capture(tmp_path, how):
         argv[3:3] = ["-p", "rdmalab.run.pytest_plugin"]
     else:
         (tmp_path / "conftest.py").write_text(
-            "from rdmalab.run import progress\n"
+            "from rdmalab import progress\n"
             "def pytest_configure(config):\n    progress.install_pytest_sink(config)\n")
     r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -168,7 +168,7 @@ def test_forward_sets_the_agents_sink_and_survives_an_agent_without_it(lines):
         host = "b"
 
         def module(self, name):
-            assert name == "rdmalab.run.progress"
+            assert name == "rdmalab.progress"
             return FakeModule()
 
     progress.forward(Agent())
@@ -176,7 +176,7 @@ def test_forward_sets_the_agents_sink_and_survives_an_agent_without_it(lines):
 
     class Old(Agent):
         def module(self, name):
-            raise ImportError("No module named 'rdmalab.run.progress'")
+            raise ImportError("No module named 'rdmalab.progress'")
 
     progress.forward(Old())
     assert lines and "progress lines of b's agent stay there" in lines[-1]

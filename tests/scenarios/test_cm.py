@@ -12,7 +12,7 @@ from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, m
 from rdmalab.run import checks
 from rdmalab.api.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, early_bound_ns, late_bound_ns,
                                    late_span_bound_ns, stood_still, tcp_syn_give_up_range_ns)
-from rdmalab.findings.registry import release_version
+from rdmalab.kernel import release_version
 from rdmalab.api.resources import CmPair
 
 IB_FAMILY = ["IB", "RoCE"]

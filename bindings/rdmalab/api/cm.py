@@ -23,7 +23,7 @@ import errno as _errno
 from typing import Callable, Iterable, Optional
 
 from .. import _core
-from ..run import progress
+from .. import progress
 from ..errors import DeadlineExceeded, Error, Hung, make_error, raise_parked
 from ..names import name, parse, sec
 from ..protocol import VIRTUAL_TIME
@@ -39,7 +39,7 @@ _QUIET = contextlib.nullcontext()
 
 
 def _waiting(lab, what: Callable[[], str], timeout_ns: int):
-    """A progress line every 10 s while a device lab's wait runs long (rdmalab.run.progress); a
+    """A progress line every 10 s while a device lab's wait runs long (rdmalab.progress); a
     model lab's waits are on its virtual clock and say nothing (what() is not even built)."""
     if lab.has(VIRTUAL_TIME):
         return _QUIET

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import _core
+from ..kernel import release_version
 
 NS_PER_MS = 1_000_000
 KERNEL_HZ_CHOICES = (100, 250, 300, 1000)  # kernel/Kconfig.hz
@@ -112,7 +113,6 @@ def iboe_packet_life_time(kernel_release: str) -> int:
     time from 18 to 16", applied to rdma for-next 2022-12-07; 16 in Debian's 6.12.117 and
     7.2.13). It sets the CM REQ/DREQ timeout (2 * life + response) and TIMEWAIT (life + 1):
     6144 / 2048 ms on 6.1, 4608 / 512 ms from 6.2. Unknown release: 6.1's."""
-    from ..findings.registry import release_version
     version = release_version(kernel_release)
     return 16 if version is not None and version >= (6, 2) else 18
 

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from .. import _core
-from ..findings import kernel
+from .. import kernel
 from ..agent import remote as _remote
 from . import requests as _requests
 from ..errors import deadline_ns, out_of_range_kept, raise_parked

@@ -26,13 +26,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
+from ..kernel import release_version
+
 REGISTRY = Path(__file__).resolve().with_name("findings.toml")
 
 
-def release_version(release: str) -> Optional[tuple[int, int]]:
-    """(major, minor) of a kernel release string ("6.1.0-56-amd64" -> (6, 1)), else None."""
-    m = re.match(r"^(\d+)\.(\d+)", release or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
 KINDS = ("finding", "unclassified", "provider-fact")
 XFAIL_KINDS = ("finding", "unclassified")  # the device fails the scenario where these apply
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"

@@ -21,7 +21,7 @@ from ..api.cm import CmChannel
 from ..errors import Error, Hung, as_fault, deadline_ns, raise_parked
 from ..errors import duration_ns as duration_ns_of
 from ..faults import Faults, NoFaults
-from ..findings import kernel
+from .. import kernel
 from ..names import parse, sec
 from ..protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
 from ..api.verbs import Context, DeviceCaps, unwrap

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..findings import registry as findings
 from . import inputs, options
-from ..report import html as html_report, junit as report, matrix
+from . import matrix
+from ..report import html as html_report, junit as report
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 from .labkinds import DEFAULT_LAB, LAB_KINDS
@@ -203,7 +204,7 @@ def findings_command(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["matrix"]:  # its own parser (rdmalab.report.matrix)
+    if argv[:1] == ["matrix"]:  # its own parser (rdmalab.run.matrix)
         return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
     if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.schedules.swarm_cli
         return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))

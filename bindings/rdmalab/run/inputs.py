@@ -135,7 +135,7 @@ def duration(value, option: str, unit: str = "minutes") -> float:
 
 def mutations(names: Iterable[str], option: str = "--mutation") -> list[str]:
     """Planted defect names, each one the model knows (rdmalab.labs.engine.MUTATIONS)."""
-    from ..labs.engine import MUTATIONS  # the engine: inputs imports without it (report.matrix)
+    from ..labs.engine import MUTATIONS  # the engine: inputs imports without it (run.matrix)
     out = []
     for name in names or []:
         if name not in MUTATIONS:
@@ -160,7 +160,7 @@ def kernel(spec: Optional[str], option: str = "--kernel") -> Optional[str]:
 def schedule(path: str):
     """A schedule file read and checked (rdmalab.schedules); ScheduleError names the step and
     field."""
-    from ..schedules import Schedule  # the engine: inputs imports without it (report.matrix)
+    from ..schedules import Schedule  # the engine: inputs imports without it (run.matrix)
     return Schedule.load(path)
 
 
@@ -195,7 +195,7 @@ def is_secret_name(name: str) -> bool:
 
 def refusals() -> tuple[type, ...]:
     """Every error type that means bad input: BadInput and the file parsers' own errors."""
-    from ..schedules import ScheduleError  # the engine: inputs imports without it (report.matrix)
+    from ..schedules import ScheduleError  # the engine: inputs imports without it (run.matrix)
     return (BadInput, ScheduleError, FindingsError, InventoryError)
 
 

@@ -15,6 +15,7 @@ import pytest
 from .. import _core
 from ..api.verbs import DeviceCaps
 from ..findings import registry as findings
+from ..kernel import release_version
 from ..names import parse
 from .labkinds import LAB_KINDS
 from .pools import order_by_column
@@ -115,7 +116,7 @@ def _apply_finding(item, spec, mark, reg: findings.Registry) -> None:
         entry = finding_entry(mark, reg)
         if spec.kind.finding_key(spec.caps()) in entry.keys:
             # Fixed in this kernel, or not there yet: it must pass.
-            running = findings.release_version(spec.caps().kernel_release)
+            running = release_version(spec.caps().kernel_release)
             before = entry.since_in and running and running < entry.since_in
             item.stash[FIXED] = ("finding_before" if before else "finding_fixed", entry.id)
         return

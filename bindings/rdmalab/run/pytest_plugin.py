@@ -51,7 +51,8 @@ from typing import Optional
 
 import pytest
 
-from . import metrics_pytest, options, pools, progress
+from .. import progress
+from . import metrics_pytest, options, pools
 from .labspec import check_inventories, parse_lab_options
 from .session import SETTINGS, Settings, spec_of
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ...run import progress
+from ... import progress
 from ...errors import FaultNotSupported, HostLost, Hung
 from ...protocol import WIRE_PLACEMENT
 from ...agent.remote import Agent

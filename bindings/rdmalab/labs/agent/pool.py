@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from ...run import progress
+from ... import progress
 from ...errors import FaultNotSupported, Hung
 from ...agent.remote import Agent
 from ...paths import REPO

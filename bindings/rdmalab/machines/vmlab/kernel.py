@@ -6,7 +6,7 @@ artifact cache (CACHE, shared by every clone on the machine; cache.py), and what
 them lands there too. Each result is a folder named by a digest of what it was made from
 (artifact_name) and checked against its manifest before reuse, so a second run, or a second
 clone, only checks them. STATE is this clone's own. Long steps say what they do and how long
-they have run (rdmalab.run.progress, stderr).
+they have run (rdmalab.progress, stderr).
 
 The preparation's rooms: debian (suites, apt's index, the .debs), prepare (ensure: the kernel
 unpacked, siw.ko and the test module built), modbuild and buildroot (out-of-tree modules, in a
@@ -26,7 +26,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from ...paths import REPO
-from ...run import progress
+from ... import progress
 from . import cache
 
 CACHE = cache.artifact_home()   # downloads and built artifacts, shared by every clone

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from ..findings import registry as findings
-from ..run import inputs
-from . import junit as report
-from ..run.inputs import BadInput
+from ..kernel import release_version
+from . import inputs
+from ..report import junit as report
+from .inputs import BadInput
 
 KERNELS = ("bookworm", "trixie", "sid")
 DEVICES = ("rxe", "siw")
@@ -62,7 +63,7 @@ def load(out: Path) -> tuple[list[report.Result], dict[str, str]]:
 def _columns(results: list[report.Result]) -> list[str]:
     def key(col: str):
         release = col.partition("@")[2]
-        return (findings.release_version(release) or (0, 0), col)
+        return (release_version(release) or (0, 0), col)
     return sorted({r.column for r in results}, key=key)
 
 
@@ -76,7 +77,7 @@ def finding_cell(entry: findings.Entry, rows: list[report.Result]) -> str:
         return "-"
     cells = []
     for r in mine:
-        running = findings.release_version(r.properties.get("kernel", ""))
+        running = release_version(r.properties.get("kernel", ""))
         before = r.properties.get("finding_before") == entry.id or (
             r.properties.get("finding_fixed") == entry.id and entry.since_in is not None
             and running is not None and running < entry.since_in)

@@ -63,6 +63,12 @@ def this_kernel() -> KernelIdentity:
     return KernelIdentity(kernel_hz(), kernel_release(), tcp_syn_retries())
 
 
+def release_version(release: str) -> Optional[tuple[int, int]]:
+    """(major, minor) of a kernel release string ("6.1.0-56-amd64" -> (6, 1)), else None."""
+    m = re.match(r"^(\d+)\.(\d+)", release or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def kernel_release() -> str:
     return os.uname().release
 

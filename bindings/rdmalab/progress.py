@@ -1,6 +1,6 @@
 """Progress lines for long waits: what is awaited and how long is left, one line at a time.
 
-    from rdmalab.run import progress
+    from rdmalab import progress
     progress.say("vmlab: fetching linux-image-6.12.117+deb13-amd64 from trixie")
     with progress.Waiting("waiting for DISCONNECTED on a", deadline_s=98):
         ...  # a blocking call or a polling loop
@@ -179,7 +179,7 @@ def forward(agent) -> None:
     """Sends the progress lines of an agent's process (rdmalab.agent.remote.Agent) to this one's
     sink through relay(); an agent without this module (an older one) is left as it is."""
     try:
-        agent.module("rdmalab.run.progress").set_sink(relay)
+        agent.module("rdmalab.progress").set_sink(relay)
     except Exception as exc:  # noqa: BLE001 (any RPyC failure: progress is optional)
         say(f"rdmalab: progress lines of {getattr(agent, 'host', '?')}'s agent stay there: "
             f"{type(exc).__name__}: {exc}")
