@@ -11,7 +11,8 @@ import pytest
 import rdmalab
 from rdmalab import ms, sec
 from rdmalab.schedules import Runner, Schedule, ScheduleError
-from rdmalab.schedules import shrink, swarm, swarm_cli
+from rdmalab.run import swarm_cli
+from rdmalab.schedules import shrink, swarm
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -376,8 +376,8 @@ class _Checker:
 
 
 def _personalities() -> list[str]:
-    from ..labs.engine import personalities
-    return personalities()
+    from .. import _core  # deferred: the registry reads and checks without the engine
+    return list(_core.personalities())
 
 
 def check_files(registry: Registry, repo_root) -> list[str]:

@@ -2,7 +2,7 @@
 python3 -m rdmalab report DIR   (or DIR/junit.xml)
 python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
-python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.schedules.swarm_cli)
+python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.run.swarm_cli)
 python3 -m rdmalab replay FILE --lab model:roce [--lab vm:rxe]
 
 run: runs the scenarios (tests/scenarios by default) with pytest in a subprocess and the
@@ -37,7 +37,7 @@ from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
 from .labkinds import DEFAULT_LAB, LAB_KINDS
 from ..paths import PACKAGE, REPO
-from ..schedules import swarm_cli
+from . import swarm_cli
 
 DEFAULT_TESTS = REPO / "tests" / "scenarios"
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["matrix"]:  # its own parser (rdmalab.run.matrix)
         return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
-    if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.schedules.swarm_cli
+    if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.run.swarm_cli
         return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
     extra: list[str] = []
     if "--" in argv:

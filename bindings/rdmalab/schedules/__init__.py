@@ -9,8 +9,8 @@ down, and the differential compares a model's run with a device's.
 The modules: schedule (the format: Schedule, ScheduleError, load, validation; pure data),
 runner (Runner, Outcome, run), moments (the runner's waits and triggers), ops (the runner's
 steps), xrc (the runner's XRC steps), swarm (draw, check_run, the seeds run), shrink,
-differential, swarm_cli (`python3 -m rdmalab swarm|replay`) and scenario (the pytest file
-device runs go through). The modules import each other directly, never this face.
+differential and scenario (the pytest file device runs go through); the commands that drive
+them (`python3 -m rdmalab swarm|replay`) are rdmalab.run.swarm_cli. The modules import each other directly, never this face.
 """
 from .runner import Outcome, Runner, run
 from .schedule import (ASYNC_EVENTS, CM_MESSAGES, MOMENTS, OPS, VERB_MOMENTS, Error,

@@ -25,7 +25,7 @@ from ..labs.engine import model_lab, personalities
 #               wait begins, or belong to the other transport's CM (CLOSING is iWARP's);
 #   cm_event, qpn_reused   not drawn; marked.
 # Only the moment's own connection counts as a source, so a device lab's copy, which drops the
-# steps on hosts it does not have with every step of their connections (swarm_cli._fit_hosts),
+# steps on hosts it does not have with every step of their connections (run.swarm_cli._fit_hosts),
 # keeps each unmarked moment's reason. The shrinker marks a drawn schedule's candidates anew.
 _DISRUPTIVE = ("rule", "kill", "reboot", "port_down")
 _IB_CM: dict[str, bool] = {}

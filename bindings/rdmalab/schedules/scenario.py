@@ -31,7 +31,7 @@ def _schedules() -> list[pathlib.Path]:
 def test_schedule(lab, lab_spec, path):
     schedule = Schedule.load(path)
     r = check_run(lab, schedule, lab.description or "", keep_history=True)
-    column = re.sub(r"[^A-Za-z0-9_.-]", "_", lab_spec.option)  # swarm_cli.column
+    column = re.sub(r"[^A-Za-z0-9_.-]", "_", lab_spec.option)  # run.swarm_cli.column
     out = pathlib.Path(os.environ["RDMALAB_SCHEDULE_OUT"]) / column
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{path.stem}.json").write_text(json.dumps(

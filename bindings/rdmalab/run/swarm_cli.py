@@ -29,13 +29,14 @@ import sys
 import time
 from typing import Optional
 
-from ..paths import REPO
-from ..run import inputs
 from ..findings.agreement import twin as model_twin
-from ..run.inputs import BadInput
-from .schedule import Schedule
+from ..paths import REPO
+from ..schedules import differential, shrink, swarm as sw
+from ..schedules.schedule import Schedule
+from . import inputs
+from .inputs import BadInput
 
-SCENARIO = pathlib.Path(__file__).resolve().parent / "scenario.py"
+SCENARIO = pathlib.Path(sw.__file__).resolve().parent / "scenario.py"  # schedules/scenario.py
 PROGRESS_S = 30.0
 
 
@@ -117,7 +118,6 @@ def swarm(args) -> int:
 
 
 def swarm_model(args, pers: list[str], out: pathlib.Path) -> int:
-    from . import swarm as sw
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     t0, counts = time.monotonic(), {}
     failures: list = []
@@ -157,7 +157,6 @@ def swarm_model(args, pers: list[str], out: pathlib.Path) -> int:
 
 
 def report_failure(args, r, out: pathlib.Path) -> None:
-    from . import shrink, swarm as sw
     schedule = sw.draw(r.seed, r.personality, args.steps)
     path = schedule.dump(out / f"fail-{r.personality}-{r.seed}.json")
     mut = "".join(f" --mutation {m}" for m in args.mutation)
@@ -179,7 +178,6 @@ def report_failure(args, r, out: pathlib.Path) -> None:
 def swarm_device(args, lab: str, out: pathlib.Path) -> int:
     """Draws schedules for the device's twin personality, runs each on the model here and on
     the device through pytest, and writes every divergence as a candidate finding."""
-    from . import swarm as sw
     count = args.seeds or 5
     p = twin(lab)
     sched_dir = out / "schedules"
@@ -229,7 +227,6 @@ def replay(args) -> int:
 
 
 def replay_model(schedule: Schedule, p: str, mutations: list[str]) -> int:
-    from . import swarm as sw
     r = sw.run_on_model(schedule, p, tuple(mutations), keep_history=True)
     print(f"model:{p}: {len(schedule.steps)} steps, {r.records} records: "
           + ("FAILED " + ", ".join(r.signature) if r.failed else "every checker valid"))
@@ -242,7 +239,6 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
             oracle: Optional[str] = None) -> int:
     """Each schedule on the device labs (pytest) and on the model here (the personality given
     with --lab model:P, else the device's twin); prints and writes the differences."""
-    from . import differential, swarm as sw
     labs = [labs] if isinstance(labs, str) else labs
     results = out / "device"
     paths = [differential.paced(Schedule.load(p)).dump(results / "schedules" / p.name)
