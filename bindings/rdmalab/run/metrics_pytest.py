@@ -26,19 +26,6 @@ from .metrics import DEFAULT_JOB, SYSFS_ROOT, Metrics, parse_listen
 PLUGIN_NAME = "rdmalab-metrics"
 
 
-def add_options(group) -> None:
-    group.addoption("--metrics-listen", default=None, metavar="HOST:PORT",
-                    help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback if "
-                         "only :PORT; port 0 picks one)")
-    group.addoption("--metrics-push", default=None, metavar="URL",
-                    help="push the metrics to this Pushgateway (http://host:port) at the end")
-    group.addoption("--metrics-job", default=DEFAULT_JOB, help="Pushgateway job name")
-    group.addoption("--metrics-sysfs", default=SYSFS_ROOT, metavar="DIR",
-                    help="device counters root (default /sys/class/infiniband)")
-    group.addoption("--metrics-linger", type=float, default=0.0, metavar="S",
-                    help="keep serving S seconds after the session (a last scrape)")
-
-
 def configure(config, specs) -> None:
     """Registers the exporter when --metrics-listen or --metrics-push asks for it."""
     listen, push = config.getoption("metrics_listen"), config.getoption("metrics_push")
@@ -65,7 +52,7 @@ class MetricsPlugin:
         self.metrics = Metrics()
         for spec in specs:
             self.metrics.declare_device(spec.backend, spec.personality)
-        self.metrics.watch_device_counters(config.getoption("metrics_sysfs"))
+        self.metrics.watch_device_counters(config.getoption("metrics_sysfs") or SYSFS_ROOT)
         self.address = None
         if address_port is not None:
             address, port = address_port
@@ -94,7 +81,7 @@ class MetricsPlugin:
         if not self.push_url:
             return
         grouping = {"instance": socket.gethostname()}
-        job = self.config.getoption("metrics_job")
+        job = self.config.getoption("metrics_job") or DEFAULT_JOB
         try:
             self.metrics.push(self.push_url, job, grouping)
             terminalreporter.write_line(f"rdmalab metrics: pushed to {self.push_url} "

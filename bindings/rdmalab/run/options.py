@@ -2,9 +2,9 @@
 (rdmalab.run.pytest_plugin), of `python3 -m rdmalab run` (rdmalab.run.cli), or of both, with its
 type, default and help, and how `run` takes it and forwards it to pytest. The plugin adds the
 rows it declares to its option group; `run` adds its rows to its parser and passes each value
-given (a repeatable one once per value) to pytest under the plugin's name. The metrics options
-are declared for pytest by rdmalab.run.metrics_pytest; --out is turned into pytest's
---history-dir and --junitxml by `run` itself.
+given (a repeatable one once per value) to pytest under the plugin's name (the metrics options
+too: rdmalab.run.metrics_pytest reads them). --out is turned into pytest's --history-dir and
+--junitxml by `run` itself.
 
 It imports nothing: the CLI reads it without the engine or pytest."""
 
@@ -86,11 +86,19 @@ RUN_OPTIONS = (
     RunOption("--findings-registry",
               help="the findings registry the @finding markers name (default: the package's "
                    "findings.toml)"),
-    RunOption("--metrics-listen", metavar="HOST:PORT", plugin=False,
-              help="serve Prometheus metrics while the run lasts (off by default)", run=Run()),
-    RunOption("--metrics-push", metavar="URL", plugin=False,
-              help="push the metrics to this Pushgateway at the end (off by default)",
-              run=Run()),
+    RunOption("--metrics-listen", metavar="HOST:PORT",
+              help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback if only "
+                   ":PORT; port 0 picks one)",
+              run=Run(help="serve Prometheus metrics while the run lasts (off by default)")),
+    RunOption("--metrics-push", metavar="URL",
+              help="push the metrics to this Pushgateway (http://host:port) at the end",
+              run=Run(help="push the metrics to this Pushgateway at the end (off by default)")),
+    # None: rdmalab.run.metrics' own (DEFAULT_JOB, SYSFS_ROOT), read where they are used
+    RunOption("--metrics-job", help="Pushgateway job name (default rdmalab_batch)"),
+    RunOption("--metrics-sysfs", metavar="DIR",
+              help="device counters root (default /sys/class/infiniband)"),
+    RunOption("--metrics-linger", type=float, default=0.0, metavar="S",
+              help="keep serving S seconds after the session (a last scrape)"),
 )
 
 

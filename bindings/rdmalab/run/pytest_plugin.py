@@ -65,7 +65,6 @@ pytest_plugins = ["rdmalab.run.fixtures", "rdmalab.run.markers", "rdmalab.run.ou
 def pytest_addoption(parser):
     group = parser.getgroup("rdmalab")
     options.add_to_pytest(group)
-    metrics_pytest.add_options(group)
 
 
 def pytest_configure(config):
