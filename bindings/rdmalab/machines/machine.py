@@ -51,6 +51,8 @@ WIRE_NFTABLES = "nftables"      # nftables in the host itself (software provider
 WIRE_NFT_BRIDGE = "nft-bridge"  # an nftables bridge host on the path (hardware RoCE)
 WIRE_NONE = "none"              # nothing can touch the wire (an InfiniBand link)
 WIRE_KINDS = (WIRE_SWITCH, WIRE_NFTABLES, WIRE_NFT_BRIDGE, WIRE_NONE)
+# The devices `rdma link add` makes on a host's netdev (the VM and netns labs' kinds).
+SOFT_DEVICES = ("rxe", "siw")
 
 
 @dataclasses.dataclass

@@ -4,8 +4,8 @@ Lab protocol compares a kind's name. A new kind of lab is a row here.
 
   model      the model, one column per personality, in this process
   vm         the qemu VM lab, one column per soft device (rxe, siw)
-  netns      hosts as network namespaces on one kernel (bindings/rdmalab/machines/netns.py)
-  inventory  the machines of a TOML inventory (bindings/rdmalab/machines/inventory.py)
+  netns      hosts as network namespaces on one kernel (rdmalab.machines.netns)
+  inventory  the machines of a TOML inventory (rdmalab.machines.inventory)
 
 The CLI reads this table without the engine: the rows' builders import it when they run.
 """
@@ -16,7 +16,8 @@ import dataclasses
 import os
 from typing import Callable, Optional, Sequence
 
-SOFT_DEVICES = ("rxe", "siw")  # the devices `rdma link add` makes: the VM and netns labs'
+from ..machines.machine import SOFT_DEVICES
+
 DEFAULT_LAB = "model"  # --lab when none is given
 
 

@@ -17,7 +17,8 @@ lost mid-scenario keeps what it said until then.
 from __future__ import annotations
 
 from ...errors import Hung
-from .common import AGENT_DIR, SOFT_DEVICES, device_label, each_host, qemu_unavailable
+from ...machines.machine import SOFT_DEVICES
+from .common import AGENT_DIR, device_label, each_host, qemu_unavailable
 from .faults import AgentFaults
 from .lab import AgentLab
 from .pool import AgentPool

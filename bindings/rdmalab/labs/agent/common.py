@@ -35,9 +35,6 @@ def qemu_unavailable() -> Optional[str]:
     return None
 
 
-SOFT_DEVICES = ("rxe", "siw")  # devices `rdma link add` makes
-
-
 def device_label(device: str) -> str:
     """The provider a device name says ("rxe0" -> rxe, "mlx5_0" -> mlx5): metrics' label."""
     return re.sub(r"_?\d+$", "", device) or device

@@ -12,7 +12,8 @@ from ...errors import FaultNotSupported, Hung
 from ...errors import make_error as _make_error
 from ...faults.common import NoFaults, host_name
 from ...faults.wire import WireFaults
-from .common import SOFT_DEVICES, device_label
+from ...machines.machine import SOFT_DEVICES
+from .common import device_label
 from .sinks import Nftables, NftSink, Switch
 
 if TYPE_CHECKING:

@@ -14,8 +14,9 @@ from ... import progress
 from ...errors import FaultNotSupported, HostLost, Hung
 from ...protocol import WIRE_PLACEMENT
 from ...agent.remote import Agent
-from .common import (FOLLOW_WAIT_S, HISTORY_TAIL, POLL_S, SOFT_DEVICES, STUCK_DUMP_CHARS,
-                     STUCK_DUMP_S, device_label)
+from ...machines.machine import SOFT_DEVICES
+from .common import (FOLLOW_WAIT_S, HISTORY_TAIL, POLL_S, STUCK_DUMP_CHARS, STUCK_DUMP_S,
+                     device_label)
 from .faults import AgentFaults
 from .process import AgentProcess
 from .records import LabRecords

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from .common import AGENT_DIR, SOFT_DEVICES, each_host, qemu_unavailable
+from ...machines.machine import SOFT_DEVICES
+from .common import AGENT_DIR, each_host, qemu_unavailable
 from .pool import AgentPool
 
 
