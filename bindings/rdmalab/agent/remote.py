@@ -78,7 +78,7 @@ class ExecnetStream(Stream):
         raise OSError("an execnet channel has no file descriptor")
 
     def _take(self, timeout: Optional[float]) -> bool:
-        import execnet
+        import execnet  # deferred: an optional dependency, as rpyc above
         try:
             chunk = self._ch.receive(timeout)
         except self._ch.TimeoutError:
@@ -367,7 +367,7 @@ class Agent:
 
     def call_with_deadline(self, fn, deadline_s: float, what: str, *args):
         """fn(*args) in the agent, waiting at most deadline_s; past it the agent is broken."""
-        from ..errors import Hung
+        from ..errors import Hung  # deferred: the engine; machines import this without it
         if self.broken:
             raise Hung(f"{self.host}: {what}", f"agent {self.host} is broken: {self.broken}")
         res = rpyc.async_(fn)(*args)

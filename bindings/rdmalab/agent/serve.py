@@ -7,10 +7,17 @@ port. It lives as long as the channel: when the controller goes, the agent's lab
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import importlib
+import os
+import pickle
+import signal
 import sys
 import threading
 
 from ..labs.engine import verbs_lab
+from . import remote
 
 _LABS: list = []
 _LOCK = threading.Lock()
@@ -37,7 +44,6 @@ def _name_process() -> None:
     """Names this thread (and every thread it starts later) rdmalab-agent: restrack keeps the
     creating thread's comm, so a host's health check knows rdmalab's objects by it."""
     try:
-        import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(15, AGENT_COMM, 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):  # not Linux: nothing checks it there
         pass
@@ -55,9 +61,6 @@ def _dump_stacks_on_sigusr1() -> None:
     """SIGUSR1 writes every thread's Python stack to stacks_path(): what a stuck agent was
     doing, read by its controller through the machine's own channel (AgentLab.shutdown)."""
     global _STACKS
-    import faulthandler
-    import os
-    import signal
     try:
         _STACKS = open(stacks_path(os.getpid()), "w")
         faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
@@ -68,9 +71,6 @@ def _dump_stacks_on_sigusr1() -> None:
 def _drop_stacks_file() -> None:
     """The stacks file goes with the agent: a real host's /tmp is not wiped by a reboot."""
     if _STACKS is not None:
-        import faulthandler
-        import os
-        import signal
         faulthandler.unregister(signal.SIGUSR1)
         _STACKS.close()
         try:
@@ -81,14 +81,12 @@ def _drop_stacks_file() -> None:
 
 def serve(channel) -> None:
     """Serves the controller until the channel closes (execnet's remote_exec body)."""
-    import rpyc
+    import rpyc  # deferred: optional (AgentService needs it); this module imports without it
 
     _name_process()
     _dump_stacks_on_sigusr1()
-
-    from .remote import RPYC_CONFIG, AgentService, ExecnetStream
-    conn = rpyc.connect_stream(ExecnetStream(channel), service=AgentService,
-                               config=RPYC_CONFIG)
+    conn = rpyc.connect_stream(remote.ExecnetStream(channel), service=remote.AgentService,
+                               config=remote.RPYC_CONFIG)
     try:
         conn.serve_all()
     finally:
@@ -110,8 +108,6 @@ def pickled(module: str, name: str, *args) -> bytes:
     """module.name(*args), pickled: a result of plain data (a dict of lists) crosses in the
     reply, where through a proxy it cost three round trips (the call, rpyc's obtain, the
     proxy's release): rdmalab.agent.remote.Agent.call_copy."""
-    import importlib
-    import pickle
     return pickle.dumps(getattr(importlib.import_module(module), name)(*args))
 
 

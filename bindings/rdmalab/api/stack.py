@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional
 from .. import _core
 from ..agent import remote as _remote
 from ..errors import deadline_ns, make_error, raise_parked
-from ..names import name, parse, sec
+from ..names import access_flags, name, parse, sec
 from .verbs import (DEFAULT_DESTROY_TIMEOUT_NS, WC, AsyncEvent, Context, Cq, Qp, Srq,
                     engine_object, make_recv_wr, make_send_wr, unwrap)
 
@@ -28,7 +28,6 @@ def _run(fn: Callable, *args):
 def rc_params(**kw) -> _core.RcParams:
     """RcParams from keywords (path_mtu, timeout, retry_cnt, rnr_retry, min_rnr_timer,
     max_rd_atomic, max_dest_rd_atomic, access, qkey, pkey_index)."""
-    from ..names import access_flags
     p = _core.RcParams()
     for key, value in kw.items():
         if not hasattr(p, key):

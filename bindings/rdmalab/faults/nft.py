@@ -22,6 +22,12 @@ opcode at byte 0, destination QPN at bytes 5-7, PSN at 9-11), then for QP1's UD 
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import select
+import threading
+import time
 from typing import Mapping, Optional
 
 from ..errors import FaultNotSupported
@@ -172,7 +178,6 @@ def parse_handle(output: str) -> Optional[int]:
 
 def rule_packets(listing_json: str, handle: int) -> int:
     """Packets counted by the rule with this handle, from `nft -j list chain ...`."""
-    import json
     for item in json.loads(listing_json).get("nftables", []):
         rule = item.get("rule")
         if not rule or rule.get("handle") != handle:
@@ -197,7 +202,6 @@ class Lister:
     runs the one-shot command instead, which reports the error."""
 
     def __init__(self, machine, deadline_s: float = 10.0) -> None:
-        import threading
         self._proc = machine.popen("nft -j -i", root=True, stdin=True)
         self._deadline_s = deadline_s
         self._buf = b""
@@ -208,9 +212,6 @@ class Lister:
             return self._read(place)
 
     def _read(self, place: Place) -> Optional[str]:
-        import os
-        import select
-        import time
         proc = self._proc
         if proc is None:
             return None
@@ -253,5 +254,4 @@ class Lister:
 
 def _text(proc) -> bool:
     """Whether proc's pipes are text (LocalMachine.popen) or bytes (the SSH machines)."""
-    import io
     return isinstance(proc.stdin, io.TextIOBase)

@@ -19,12 +19,15 @@ each problem; check_files() checks the paths an entry names (writeups) against a
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Optional
+
+import rdmalab
 
 from ..kernel import release_version
 
@@ -160,9 +163,6 @@ class Registry:
 def resolve_exception(name: str) -> Optional[type]:
     """An exception class by name: rdmalab's exported errors (Error, Hung, DeadlineExceeded,
     HostLost, CmEventError, ...) or a builtin (AssertionError, TimeoutError)."""
-    import builtins
-
-    import rdmalab
     for namespace in (rdmalab, builtins):
         obj = getattr(namespace, name, None)
         if isinstance(obj, type) and issubclass(obj, BaseException):

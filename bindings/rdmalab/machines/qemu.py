@@ -7,6 +7,7 @@ guest's sshd with the lab's pinned host key.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from typing import Optional
@@ -96,7 +97,6 @@ class QemuMachine:
 
 def _tar_copy(ssh: list[str], name: str, local: str, remote: str, timeout: float) -> None:
     """A file or a tree to `remote` on the machine, through tar over ssh."""
-    import os
     src = os.path.abspath(local)
     parent, base = os.path.dirname(src), os.path.basename(src)
     remote_cmd = (f"mkdir -p {remote!r} && tar -C {remote!r} -xf - --strip-components=1"

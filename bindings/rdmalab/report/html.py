@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import ladder, junit as report
+from ..findings import agreement
 from ..findings.agreement import twin
 
 TEMPLATE = "report.html.j2"
@@ -202,7 +203,7 @@ def _mark_difference(model: Figure, device: Figure, model_col: str, device_col: 
 
 def render(out: Path, junit: Path) -> tuple[str, list[str]]:
     """(the page, problems)."""
-    import jinja2
+    import jinja2  # deferred: optional; only the HTML page needs it, not the text report
     results, cols, scenarios, problems = collect(out, junit)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("rdmalab.report", "templates"),
@@ -214,7 +215,6 @@ def render(out: Path, junit: Path) -> tuple[str, list[str]]:
     counts: dict[str, int] = {}
     for r in results:
         counts[cell_outcome(r)] = counts.get(cell_outcome(r), 0) + 1
-    from ..findings import agreement
     try:
         agreed = agreement.lines(results, report._registry(None)[0])
     except Exception as e:  # the page still shows the matrix

@@ -12,6 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import PurePosixPath
 from typing import Optional
 
+from ..findings import registry as findings
+
 
 @dataclasses.dataclass
 class Result:
@@ -121,7 +123,7 @@ def format_table(results: list[Result], replay: Optional[dict] = None, registry=
     if facts:
         out.append("\nprovider facts asserted (passed as the registry says):")
         out += [f"  {r.properties['provider_fact']} [{r.column}]: {r.scenario}" for r in facts]
-    from ..findings import agreement
+    from ..findings import agreement  # deferred: the engine; the report imports without it
     agreed = agreement.lines(results, registry)
     if agreed:
         out.append("\nmodel vs device:")
@@ -140,7 +142,6 @@ def format_table(results: list[Result], replay: Optional[dict] = None, registry=
 def _registry(registry):
     if registry is not None:
         return registry, ""
-    from ..findings import registry as findings
     try:
         return findings.default(), ""
     except findings.FindingsError as e:

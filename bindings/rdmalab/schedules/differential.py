@@ -9,6 +9,7 @@ registry"): suspect the model first.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import pathlib
@@ -26,7 +27,6 @@ PACE_NS = 1_000_000
 
 
 def paced(schedule: Schedule) -> Schedule:
-    import dataclasses
     return dataclasses.replace(schedule, pace_ns=max(schedule.pace_ns, PACE_NS))
 
 
@@ -185,8 +185,8 @@ def write_candidate(out: pathlib.Path, schedule: Schedule, lab: str, diffs: list
     d = out / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', lab)}-seed{schedule.seed}"
     d.mkdir(parents=True, exist_ok=True)
     schedule.dump(d / "schedule.json")
-    for name, hist in (("model.jsonl", model_history), ("device.jsonl", device_history)):
-        (d / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in hist))
+    for file, hist in (("model.jsonl", model_history), ("device.jsonl", device_history)):
+        (d / file).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in hist))
     (d / "differences.txt").write_text(
         f"candidate finding: schedule seed {schedule.seed} on {lab}\n"
         f"classify it in bindings/rdmalab/findings/findings.toml (finding / provider-fact / "

@@ -127,7 +127,7 @@ class ScheduleError(ValueError):
 def cm_events() -> tuple[str, ...]:
     """rdma_cm event names (_core.CmEventType, as rdmalab.api.cm.CM_EVENTS lists them): what
     CmId.count() takes in a cm_event moment."""
-    from ..api.cm_values import CM_EVENTS
+    from ..api.cm_values import CM_EVENTS  # deferred: read at validation
     return tuple(CM_EVENTS)
 
 
@@ -135,20 +135,20 @@ def cm_protocol_states() -> tuple[str, ...]:
     """The CM protocol states a cm_state moment compares CmId.protocol_state with: the IB CM's
     (cm.c enum ib_cm_state) and the iWARP CM's (iwcm.c enum iw_cm_state), the tables of
     rdmalab.checkers.cm_tables (cm_sequence judges the model's `cm_state` records by them)."""
-    from ..checkers.cm_tables import IB_CM_STATES, IW_CM_STATES
+    from ..checkers.cm_tables import IB_CM_STATES, IW_CM_STATES  # deferred: read at validation
     return tuple(dict.fromkeys(IB_CM_STATES + IW_CM_STATES))
 
 
 def personalities() -> list[str]:
     """The model's personalities (rdmalab.labs.engine.personalities)."""
-    from ..labs.engine import personalities as every
+    from ..labs.engine import personalities as every  # deferred: read at validation
     return every()
 
 
 def check_wire_rule(rule: dict) -> None:
     """The fault switch's own parser (_core.check_wire_rule: what the model's add_rule and the
     agent labs' rule() apply); ValueError naming the key."""
-    from .. import _core
+    from .. import _core  # deferred: read at validation
     _core.check_wire_rule(json.dumps(rule))
 
 

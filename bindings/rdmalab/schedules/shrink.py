@@ -15,6 +15,7 @@ import copy
 import dataclasses
 from typing import Callable
 
+from .may_miss import mark_may_miss
 from .schedule import Schedule, ScheduleError
 
 Fails = Callable[[Schedule], bool]
@@ -60,7 +61,6 @@ def remark(s: Schedule) -> Schedule:
     """A drawn schedule with its may_miss marks made anew for its steps (see above)."""
     if "knobs" not in s.meta:
         return s
-    from .may_miss import mark_may_miss
     return s.with_steps(mark_may_miss(s.steps, s.personality))
 
 

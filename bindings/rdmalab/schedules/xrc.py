@@ -23,6 +23,8 @@ import itertools
 import os
 from typing import Any, Optional
 
+from ..api.resources import RDMA_ACCESS
+from ..api.stack import Traffic, bring_up, local_endpoint
 from ..errors import Error, FaultNotSupported
 from .schedule import xrc_srqs
 
@@ -104,8 +106,6 @@ class XrcOps:
             part.xrcd = part.ctx.open_xrcd(x.path, create=False)
             part.qp = part.ctx.open_qp(part.xrcd, x.tgt_qpn)
             self._xrc_bind(host, name, part, caps)
-        from ..api.stack import Traffic
-        from ..api.resources import RDMA_ACCESS
         for part in [p for p in x.parts.values() if p.role == "holder"] or [creator]:
             part.pd, part.cq = part.ctx.alloc_pd(), part.ctx.create_cq(256)
             part.mr = part.ctx.reg_mr(part.pd, 4096, RDMA_ACCESS)
@@ -126,8 +126,6 @@ class XrcOps:
                    None)
         if tgt is None:
             raise Error(f"xrc_connect {name}: no live handle on xrc {x.name}'s TGT QP")
-        from ..api.stack import Traffic, bring_up, local_endpoint
-        from ..api.resources import RDMA_ACCESS
         s.ctx = self._process(host, s.process).open_device()
         s.pd, s.cq = s.ctx.alloc_pd(), s.ctx.create_cq(256)
         s.mr = s.ctx.reg_mr(s.pd, 4096, RDMA_ACCESS)

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ... import progress
 from ...errors import FaultNotSupported, HostLost, Hung
+from ...errors import duration_ns as duration_of
 from ...protocol import WIRE_PLACEMENT
 from ...agent.remote import Agent
-from ...machines.machine import SOFT_DEVICES
+from ...agent.serve import stacks_path
+from ...machines.machine import SOFT_DEVICES, WIRE_NFT_BRIDGE, WIRE_NFTABLES
 from .common import (FOLLOW_WAIT_S, HISTORY_TAIL, POLL_S, STUCK_DUMP_CHARS, STUCK_DUMP_S,
                      device_label)
 from .faults import AgentFaults
@@ -105,7 +107,6 @@ class AgentLab(LabRecords):
     def nftables_unusable(self, host: str) -> str:
         """Why a wire rule cannot sit in host's own nftables ("" when it can): the host's
         traffic must go through its network stack (rxe, siw) or the inventory says so."""
-        from ...machines.machine import WIRE_NFT_BRIDGE, WIRE_NFTABLES
         m = self._machines[host]
         if m.facts.wire == WIRE_NFTABLES or device_label(m.facts.device) in SOFT_DEVICES:
             return ""
@@ -193,7 +194,6 @@ class AgentLab(LabRecords):
     def run_for(self, duration_ns: int) -> None:
         """Lets duration_ns of wall-clock time pass (a negative duration: Error EINVAL, as on
         every lab)."""
-        from ...errors import duration_ns as duration_of
         duration_ns = duration_of("run_for", duration_ns)
         with progress.Waiting(f"running for {duration_ns / 1e9:.0f} s", duration_ns / 1e9):
             time.sleep(duration_ns / 1e9)
@@ -201,12 +201,10 @@ class AgentLab(LabRecords):
 
     def sleep(self, duration_ns: int) -> None:
         """The controller sleeps (run_for; the error names sleep)."""
-        from ...errors import duration_ns as duration_of
         self.run_for(duration_of("sleep", duration_ns))
 
     def wait_until(self, pred: Callable[[], bool], timeout_ns: int = 10 * 10**9,
                    what: str = "condition") -> None:
-        from ...errors import duration_ns as duration_of
         timeout_ns = duration_of("wait_until", timeout_ns, "timeout_ns")
         start = self.now_ns
         end = start + timeout_ns
@@ -348,9 +346,9 @@ class AgentLab(LabRecords):
     def record_stuck(self, name: str, agent: Agent) -> None:
         """What a stuck agent (a lab shutdown, an evidence call past its deadline) was doing,
         read through its machine's own channel before the pool restarts it: each thread's
-        state, wait channel and kernel stack, and every Python stack (SIGUSR1: rdmalab.agent.serve). The `agent_stuck` record keeps it; stderr
-        shows it in the scenario's report."""
-        from ...agent.serve import stacks_path
+        state, wait channel and kernel stack, and every Python stack (SIGUSR1:
+        rdmalab.agent.serve). The `agent_stuck` record keeps it; stderr shows it in the
+        scenario's report."""
         pid, m = agent.pid, self._machines[name]
         cmd = (f"kill -USR1 {pid} && sleep 1; for t in /proc/{pid}/task/*; do "
                "echo \"== thread $(cat $t/comm) state $(cut -d' ' -f3 $t/stat) "

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional
 from ... import progress
 from ...errors import FaultNotSupported, Hung
 from ...agent.remote import Agent
+from ...machines import deploy, hostcheck
 from ...paths import REPO
 from .common import AGENT_DIR, each_host
 from .lab import AgentLab
@@ -64,7 +65,6 @@ class AgentPool:
         """Health-checks a machine before it is used (inventory hosts)."""
         if not self.check_health:
             return
-        from ...machines import hostcheck
         problems = hostcheck.health_check(machine)
         if problems:
             raise RuntimeError(f"host {machine.name} is not healthy: " + "; ".join(problems))
@@ -122,8 +122,7 @@ class AgentPool:
         start. An install of this version found there (a pool's first start, after a reboot)
         is taken by its files and started, not imported first (seconds of a TCG guest's CPU);
         where that start fails it is checked, imported, as well."""
-        import execnet
-        from ...machines import deploy
+        import execnet  # deferred: optional; only the agent labs need it, not their import
         cached = self._installed.get(machine.name)
         if cached is None:
             with self._deploy_lock:
@@ -230,7 +229,6 @@ class AgentPool:
         longer ACTIVE). Once per run, not per lab: on TCG guests a check costs seconds."""
         if not self.check_health:
             return []
-        from ...machines import hostcheck
         def check(m) -> list[str]:
             try:
                 problems = hostcheck.health_check(m)

@@ -3,9 +3,14 @@ kernel (netns_pool), or an inventory's hosts, each locked for the run (inventory
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Callable
 
+from ...machines import hostcheck, inventory, netns, sshmachine
+from ...machines.localmachine import LocalMachine
+from ...machines.machine import MachineError
+from ...machines.qemu import VmMachines
 from ...machines.machine import SOFT_DEVICES
 from .common import AGENT_DIR, each_host, qemu_unavailable
 from .pool import AgentPool
@@ -18,7 +23,6 @@ def vm_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0) -> Ag
     why = qemu_unavailable()
     if why:
         raise RuntimeError(f"the VM lab cannot run here: {why}")
-    from ...machines.qemu import VmMachines
     vms = VmMachines(n, rdma, boot_deadline_s)
     return AgentPool(vms.machines, description=f"vm:{rdma}", switch_control=vms.switch_control,
                      owner=vms)
@@ -55,8 +59,6 @@ def netns_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0,
     (RDMALAB_VM_KERNEL, else sid). The error names the kernel that cannot."""
     if rdma not in SOFT_DEVICES:
         raise ValueError(f"netns lab device {rdma!r}: {' or '.join(SOFT_DEVICES)}")
-    from ...machines import netns
-    from ...machines.localmachine import LocalMachine
     local = LocalMachine("local")
     why_local = netns.kernel_support(local, rdma)
     guest = None
@@ -67,7 +69,6 @@ def netns_pool(n: int = 2, rdma: str = "rxe", boot_deadline_s: float = 180.0,
         if why_qemu:
             raise RuntimeError(f"the netns lab cannot run here: this machine's kernel cannot "
                                f"host it ({why_local}) and no guest can boot ({why_qemu})")
-        from ...machines.qemu import VmMachines
         kernel = os.environ.get("RDMALAB_VM_KERNEL") or NETNS_GUEST_KERNEL
         log(f"netns lab: {why_local}; booting one {kernel} guest for the namespaces")
         # Two vCPUs: the hosts' agents and the kernel's rxe work share the one guest.
@@ -93,8 +94,6 @@ def inventory_pool(path: str, hosts: int = 2,
     and healthy: each locked for this run (another run, or another pytest-xdist worker, takes
     the next ones), health-checked before use and after each lab, each running the
     controller's own agent version."""
-    from ...machines import hostcheck, inventory, sshmachine
-    from ...machines.machine import MachineError
     inv = inventory.load(path)
     # Hosts behind one fault switch are one fabric: a lab's hosts come from one of them.
     fabrics: dict[str, list] = {}
@@ -167,7 +166,6 @@ class _SwitchLock:
         self._f = None
 
     def acquire(self) -> bool:
-        import fcntl
         f = open(self.path, "a")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
