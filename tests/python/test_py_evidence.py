@@ -38,8 +38,14 @@ class Facts:
 
 
 class Machine:
+    bridge_machine, bridge = None, ""  # the Machine protocol: no bridge on the path
+
     def __init__(self, name, mac):
         self.name, self.facts = name, Facts(mac)
+
+    @property
+    def kernel_machine(self):
+        return self
 
 
 class HostSide:

@@ -141,3 +141,7 @@ class WireFaults:
 
     def remove(self, rule: WireRuleHandle) -> None:
         rule.remove()
+
+    def switch_history(self) -> list[dict]:
+        """The fault switch's records of this lab's rules (none where no switch is used)."""
+        return []

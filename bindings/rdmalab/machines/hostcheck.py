@@ -68,11 +68,7 @@ class HostLock:
         """Takes the lock or raises MachineError naming the host (and the holder)."""
         if self.held:
             return self
-        try:
-            p = self.machine.popen(self.command(), stdin=True)   # stdin open: cat blocks
-        except TypeError as e:       # a Machine written before popen(stdin=) existed
-            raise MachineError(f"{self.machine.name}: {type(self.machine).__name__}.popen "
-                               f"has no stdin=True, which the host lock needs: {e}") from None
+        p = self.machine.popen(self.command(), stdin=True)   # stdin open: cat blocks
         out, start = b"", time.monotonic()
         fd = p.stdout.fileno()
         while b"LOCKED\n" not in out:

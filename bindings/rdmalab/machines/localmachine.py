@@ -20,6 +20,11 @@ class LocalMachine:
     PATH without some tool to play a host that lacks it."""
 
     bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+    bridge = ""
+
+    @property
+    def kernel_machine(self):
+        return self
 
     def __init__(self, name: str = "local", facts: Optional[HostFacts] = None,
                  env: Optional[dict[str, str]] = None):

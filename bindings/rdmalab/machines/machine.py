@@ -115,9 +115,15 @@ class Machine(Protocol):
 
     # Where wire faults and captures can reach this host's data traffic besides the host itself
     # and a switch (facts.wire): the machine of the Linux bridge its traffic crosses, whose
-    # nftables take at="bridge" rules and whose tcpdump sees every host's frames; None where
-    # no bridge of ours is on the path.
+    # nftables take at="bridge" rules and whose tcpdump sees every host's frames, and that
+    # bridge's interface there; None and "" where no bridge of ours is on the path.
     bridge_machine: Optional["Machine"]
+    bridge: str
+
+    @property
+    def kernel_machine(self) -> "Machine":
+        """The machine whose kernel runs this host: itself, or the one machine that hosts
+        share (network namespaces on one kernel: their kernel log is read once)."""
 
 
 def wait_for_ssh(machine: Machine, deadline_s: float, poll_s: float = 1.0) -> float:

@@ -26,6 +26,11 @@ class QemuMachine:
     """One guest of a vmlab VmGroup (rdmalab.machines.vmlab.vm.Vm)."""
 
     bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+    bridge = ""
+
+    @property
+    def kernel_machine(self):
+        return self
 
     def __init__(self, vm: "vm_mod.Vm", ssh_config, rdma: str):
         self.vm, self.ssh_config, self.rdma = vm, str(ssh_config), rdma

@@ -60,6 +60,11 @@ class SshMachine:
     lazily); commands themselves may run from several threads."""
 
     bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+    bridge = ""
+
+    @property
+    def kernel_machine(self):
+        return self
 
     def __init__(self, entry: HostEntry, known_hosts: str | os.PathLike,
                  agent_dir: str = DEFAULT_AGENT_DIR):

@@ -66,10 +66,9 @@ class Collector(KernelEvidence):
                                     self.files)
         self._cost_s = 0.0
         machines = [lab.machine_of(h) for h in self.hosts]
-        outers = {id(getattr(m, "outer", m)) for m in machines}
+        kernels = {m.kernel_machine.name for m in machines}
         # The netns lab's hosts are namespaces on one kernel: its log is read once.
-        self.shared_kernel = len(machines) > 1 and len(outers) == 1 and hasattr(
-            machines[0], "outer")
+        self.shared_kernel = len(machines) > 1 and len(kernels) == 1
 
     # -- helpers
     def _device(self, host: str) -> str:
@@ -175,8 +174,7 @@ class Collector(KernelEvidence):
             self.errors.append(f"capture: {type(e).__name__}: {e}")
         records += self._kernel_logs()
         self.lab.merge_records(records)
-        switch = self.lab.faults.switch_history() if hasattr(self.lab.faults,
-                                                             "switch_history") else []
+        switch = self.lab.faults.switch_history()
         if switch:
             self._write("switch.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n"
                                                 for r in switch),

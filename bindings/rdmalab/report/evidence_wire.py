@@ -84,8 +84,8 @@ class WireCapture:
     def start(self) -> None:
         path = self.lab.switch_unusable()
         m = self.lab.machine_of(self.hosts[0])
-        bridge = getattr(m, "bridge", None)
-        key = path if not path.startswith("!") else f"{getattr(m, 'outer', m).name}:{bridge}"
+        bridge = m.bridge
+        key = path if not path.startswith("!") else f"{(m.bridge_machine or m).name}:{bridge}"
         other = _CAPTURING.get(key)
         if other is not None:  # a test's second lab on the same wire: one capture at a time
             self.caps["wire"] = (f"no capture of its own: the wire's capture is in "
@@ -99,7 +99,7 @@ class WireCapture:
             self._running = ("switch", control)
             _CAPTURING[key] = self
             return
-        if getattr(m, "bridge_machine", None) is not None and bridge:
+        if m.bridge_machine is not None and bridge:
             cap = netns.BridgeCapture.shared(m.bridge_machine, bridge,
                                              max_bytes=MAX_PCAP_BYTES)
             reader = self.hosts[0]

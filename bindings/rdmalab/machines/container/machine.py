@@ -27,6 +27,13 @@ class PodmanMachine:
     """One running container, reached with `podman exec` (root in the container)."""
 
     bridge_machine = None  # no bridge of ours on its path (Machine protocol)
+    bridge = ""
+    # A container's kernel is this machine's, but each reads its own kmsg view through
+    # its agent, so it is read per container.
+
+    @property
+    def kernel_machine(self):
+        return self
 
     def __init__(self, name: str, facts: Optional[HostFacts] = None):
         self.name = name

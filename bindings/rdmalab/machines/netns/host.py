@@ -36,6 +36,11 @@ class NetnsMachine:
         (a drop in the host's own output hook is a local send error: docs/semantics.md I)."""
         return self.outer
 
+    @property
+    def kernel_machine(self) -> Machine:
+        """The namespaces share the outer machine's kernel."""
+        return self.outer
+
     def __repr__(self) -> str:
         return f"<NetnsMachine {self.name} on {self.outer.name} {self.facts.data_address}>"
 
