@@ -11,6 +11,10 @@ namespace {
 
 using py::arg;
 
+py::tuple release(KernelRelease r) {
+  return py::make_tuple(r.major, r.minor);
+}
+
 std::optional<std::string> none_if_empty(const std::string& s) {
   if (s.empty()) return std::nullopt;
   return s;
@@ -24,10 +28,11 @@ void bind_driver_facts(py::module_& m) {
       .def_readonly("err_post", &DriverFacts::err_post)  // None: by transport
       .def_readonly("retry_cnt_7_infinite", &DriverFacts::retry_cnt_7_infinite)
       .def_property_readonly("reports_qp_state_since",
-                             [](const DriverFacts& d) {
-                               return py::make_tuple(d.reports_qp_state_since.major,
-                                                     d.reports_qp_state_since.minor);
-                             })
+                             [](const DriverFacts& d) { return release(d.reports_qp_state_since); })
+      .def_property_readonly(
+          "refused_send_races_before",
+          [](const DriverFacts& d) { return release(d.refused_send_races_before); })
+      .def_readonly("qpn_policy", &DriverFacts::qpn_policy)
       .def_readonly("disassociates", &DriverFacts::disassociates)
       .def_readonly("send_completes_on_handoff", &DriverFacts::send_completes_on_handoff)
       .def_readonly("connect_is_synchronous", &DriverFacts::connect_is_synchronous)

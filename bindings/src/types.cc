@@ -22,6 +22,7 @@ void bind_enums(py::module_& m) {
   bind_enum<ObjectKind>(m, "ObjectKind", static_cast<int>(ObjectKind::MR) + 1);
   bind_enum<XrcTgtLifetime>(m, "XrcTgtLifetime", 3);
   bind_enum<ErrPostPolicy>(m, "ErrPostPolicy", 4);
+  bind_enum<QpnPolicy>(m, "QpnPolicy", 3);
   py::enum_<PortState>(m, "PortState")
       .value("DOWN", PortState::DOWN)
       .value("INIT", PortState::INIT)
@@ -89,12 +90,15 @@ void bind_device_structs(py::module_& m) {
       .def_readwrite("xrc_tgt_lifetime", &DeviceCaps::xrc_tgt_lifetime)
       .def_readwrite("retry_cnt_7_infinite", &DeviceCaps::retry_cnt_7_infinite)
       .def_readwrite("reports_qp_state", &DeviceCaps::reports_qp_state)
+      .def_readwrite("qpn_policy", &DeviceCaps::qpn_policy)
       .def_readwrite("local_ca_ack_delay", &DeviceCaps::local_ca_ack_delay)
       .def_readwrite("kernel_hz", &DeviceCaps::kernel_hz)
       .def_readwrite("disassociates", &DeviceCaps::disassociates)
       .def_readwrite("send_completes_on_handoff", &DeviceCaps::send_completes_on_handoff)
       .def_readwrite("connect_is_synchronous", &DeviceCaps::connect_is_synchronous)
       .def_readwrite("iw_close_timeout_s", &DeviceCaps::iw_close_timeout_s)
+      .def_readwrite("rts_needs_cm", &DeviceCaps::rts_needs_cm)
+      .def_readwrite("refused_send_resend_races", &DeviceCaps::refused_send_resend_races)
       .def_readwrite("tcp_syn_retries", &DeviceCaps::tcp_syn_retries)
       .def_readwrite("raises", &DeviceCaps::raises)
       .def("raises_event", &DeviceCaps::raises_event, py::arg("type"));

@@ -23,6 +23,14 @@ DriverFacts rxe() {
   d.err_post = ErrPostPolicy::kFlush;  // semantics.md C: rxe flushes posts in ERR
   // vmlab.md: rxe_comp.c treats retry_cnt 7 as infinite (rxe-retry-cnt-7-is-infinite).
   d.retry_cnt_7_infinite = true;
+  d.qpn_policy = QpnPolicy::kIncrement;  // vmlab.md: first QPN 17, then 18 (cyclic allocation)
+  // A send the host's own stack refuses (ip_local_out fails): 6.1.192 rolls the WQE back and
+  // resends under need_req_skb, which the change that removed it calls racy ("the skb may be
+  // sent to the destructor before the requester can set the need_req_skb flag"); the REP went
+  // out again in one run and never in another. "RDMA/rxe: Get rid of pkt resend on err" (Bob
+  // Pearson, linux-rdma 2024-03-29) removed it; 6.12.117 is the first release measured
+  // without it (docs/findings/rxe-local-send-error-kills-qp1.md), hence the bound.
+  d.refused_send_races_before = {6, 12};
   // rxe sets no .disassociate_ucontext (6.1, 7.2): uverbs_main.c ib_uverbs_remove_one waits in
   // wait_for_completion until every user closes the device, and raises nothing (Q3).
   d.disassociates = false;
@@ -42,6 +50,7 @@ DriverFacts siw() {
   // siw_verbs.c siw_query_qp sets no qp_state before v6.8 ("RDMA/siw: Set qp_state in
   // siw_query_qp"; siw-query-qp-reports-no-state).
   d.reports_qp_state_since = {6, 8};
+  // qpn_policy unknown: siw_qp.c siw_qp_add takes xa_alloc's lowest free number, neither policy.
   d.disassociates = false;  // no .disassociate_ucontext in 6.1 or 7.2 (Q3)
   // siw_qp_tx.c siw_qp_sq_process: a signalled SEND/WRITE completes once its last FPDU is
   // accepted by the local TCP socket, not when acknowledged (Q4).
@@ -80,7 +89,8 @@ DriverFacts cxgb4() {
 
 DriverFacts mlx5() {
   DriverFacts d = row("mlx5", "ib");
-  d.err_post = ErrPostPolicy::kFlush;  // semantics.md G: IB posts in ERR complete as flush
+  d.err_post = ErrPostPolicy::kFlush;    // semantics.md G: IB posts in ERR complete as flush
+  d.qpn_policy = QpnPolicy::kIncrement;  // semantics.md E: mlx5's incrementing QPNs
   // main.c:3715 (6.1) .disassociate_ucontext: ib_uverbs_remove_one ->
   // ib_uverbs_free_hw_resources, RDMA_REMOVE_DRIVER_REMOVE queues DEVICE_FATAL (Q3).
   d.disassociates = true;
@@ -117,6 +127,7 @@ DriverFacts mlx4() {
 DriverFacts mana() {
   DriverFacts d = row("mana", "mana");
   d.err_post = ErrPostPolicy::kFlush;  // (model) a RoCE provider: semantics.md C's guess
+  d.qpn_policy = QpnPolicy::kLifo;     // semantics.md E, seed 002: freed QPN to next create
   // 7.2 device.c:38 .disassociate_ucontext; 6.1.192 has none (Q3), nor the "mana" personality.
   d.disassociates = true;
   d.raises = {Ev::QP_FATAL};  // semantics.md E: mana_ib_event_handler, QP_FATAL only
@@ -170,11 +181,30 @@ ErrPostPolicy err_post_of(const DriverFacts& d, Transport t) {
 void apply_driver_facts(const DriverFacts& d, DeviceCaps& caps) {
   caps.err_post = err_post_of(d, caps.transport);
   caps.retry_cnt_7_infinite = d.retry_cnt_7_infinite;
+  caps.qpn_policy = d.qpn_policy;
   caps.disassociates = d.disassociates;
   caps.send_completes_on_handoff = d.send_completes_on_handoff;
   caps.connect_is_synchronous = d.connect_is_synchronous;
   caps.iw_close_timeout_s = d.iw_close_timeout_s;
   caps.raises = d.raises;
+}
+
+namespace {
+
+// A release at or after bound; an unknown running kernel is before every bound.
+bool reached(KernelRelease running, KernelRelease bound) {
+  return running.known() && running >= bound;
+}
+
+}  // namespace
+
+void apply_device_facts(const DriverFacts& d, KernelRelease running, DeviceCaps& caps) {
+  caps.reports_qp_state =
+      !d.reports_qp_state_since.known() || reached(running, d.reports_qp_state_since);
+  caps.refused_send_resend_races =
+      d.refused_send_races_before.known() && !reached(running, d.refused_send_races_before);
+  caps.rts_needs_cm = caps.transport == Transport::iWARP;  // types.h: the iWARP CM's LLP handle
+  caps.raises = device_raises(d);
 }
 
 std::vector<AsyncEventType> device_raises(const DriverFacts& d) {

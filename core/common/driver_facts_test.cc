@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <utility>
 
 namespace rdmalab {
 namespace {
@@ -65,7 +66,65 @@ TEST(DriverFactsTest, ApplyWritesTheProviderFacts) {
   EXPECT_TRUE(c.send_completes_on_handoff);
   EXPECT_TRUE(c.connect_is_synchronous);
   EXPECT_EQ(c.iw_close_timeout_s, 0);
-  EXPECT_TRUE(c.reports_qp_state);  // left to the reader: it depends on the kernel
+  EXPECT_TRUE(c.reports_qp_state);  // a real device's fact (apply_device_facts)
+  EXPECT_FALSE(c.rts_needs_cm);
+  apply_driver_facts(driver_facts("mana"), c);
+  EXPECT_EQ(c.qpn_policy, QpnPolicy::kLifo);
+}
+
+// The QPN policy of a row where a source says it; unknown elsewhere (siw's xa_alloc takes the
+// lowest free number, neither policy).
+TEST(DriverFactsTest, QpnPolicy) {
+  EXPECT_EQ(driver_facts("mana").qpn_policy, QpnPolicy::kLifo);
+  EXPECT_EQ(driver_facts("rxe").qpn_policy, QpnPolicy::kIncrement);
+  EXPECT_EQ(driver_facts("mlx5").qpn_policy, QpnPolicy::kIncrement);
+  for (const char* d : {"siw", "cxgb4", "mlx4", "irdma", "bnxt_re", "hfi1"}) {
+    EXPECT_EQ(driver_facts(d).qpn_policy, QpnPolicy::kUnknown) << d;
+  }
+}
+
+DeviceCaps device_caps(const char* driver, Transport t, KernelRelease running) {
+  DeviceCaps c;
+  c.transport = t;
+  const DriverFacts d = driver_facts(driver);
+  apply_driver_facts(d, c);
+  apply_device_facts(d, running, c);
+  return c;
+}
+
+// rxe resends a refused send racily before 6.12; an unknown kernel counts as an older one.
+TEST(DriverFactsTest, RefusedSendRacesByKernel) {
+  EXPECT_EQ(driver_facts("rxe").refused_send_races_before, (KernelRelease{6, 12}));
+  const std::pair<KernelRelease, bool> rxe[] = {
+      {{6, 1}, true}, {{6, 11}, true}, {{6, 12}, false}, {{7, 2}, false}, {{}, true}};
+  for (const auto& [running, races] : rxe) {
+    EXPECT_EQ(device_caps("rxe", Transport::RoCE, running).refused_send_resend_races, races)
+        << running.major << "." << running.minor;
+  }
+  for (const char* d : {"siw", "mlx5", "mana", "hfi1"}) {
+    EXPECT_FALSE(device_caps(d, Transport::RoCE, {6, 1}).refused_send_resend_races) << d;
+    EXPECT_FALSE(device_caps(d, Transport::RoCE, {}).refused_send_resend_races) << d;
+  }
+}
+
+// siw reports the QP's state from 6.8; rows without a bound in every release.
+TEST(DriverFactsTest, ReportsQpStateByKernel) {
+  EXPECT_FALSE(device_caps("siw", Transport::iWARP, {6, 1}).reports_qp_state);
+  EXPECT_FALSE(device_caps("siw", Transport::iWARP, {6, 7}).reports_qp_state);
+  EXPECT_TRUE(device_caps("siw", Transport::iWARP, {6, 8}).reports_qp_state);
+  EXPECT_TRUE(device_caps("siw", Transport::iWARP, {7, 2}).reports_qp_state);
+  EXPECT_FALSE(device_caps("siw", Transport::iWARP, {}).reports_qp_state);
+  EXPECT_TRUE(device_caps("rxe", Transport::RoCE, {}).reports_qp_state);
+}
+
+// A real iWARP device's QP reaches RTS only through the CM, whatever its driver.
+TEST(DriverFactsTest, RtsNeedsCmOnIwarp) {
+  EXPECT_TRUE(device_caps("siw", Transport::iWARP, {6, 1}).rts_needs_cm);
+  EXPECT_TRUE(device_caps("cxgb4", Transport::iWARP, {6, 1}).rts_needs_cm);
+  EXPECT_TRUE(device_caps("irdma", Transport::iWARP, {6, 1}).rts_needs_cm);
+  EXPECT_FALSE(device_caps("irdma", Transport::RoCE, {6, 1}).rts_needs_cm);
+  EXPECT_FALSE(device_caps("rxe", Transport::RoCE, {6, 1}).rts_needs_cm);
+  EXPECT_FALSE(device_caps("mlx5", Transport::IB, {6, 1}).rts_needs_cm);
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ constexpr std::string_view kCmEvent[] = {
     "MULTICAST_JOIN",  "MULTICAST_ERROR",  "ADDR_CHANGE",    "TIMEWAIT_EXIT"};
 constexpr std::string_view kXrcLifetime[] = {"handle", "xrcd", "unknown"};
 constexpr std::string_view kErrPost[] = {"flush", "refuse", "flush_at_once", "strand"};
+constexpr std::string_view kQpnPolicy[] = {"increment", "lifo", "unknown"};
 
 template <typename E, size_t N>
 std::string_view name_of(const std::string_view (&names)[N], E v) {
@@ -133,6 +134,9 @@ std::string_view to_string(XrcTgtLifetime l) {
 }
 std::string_view to_string(ErrPostPolicy p) {
   return name_of(kErrPost, p);
+}
+std::string_view to_string(QpnPolicy p) {
+  return name_of(kQpnPolicy, p);
 }
 
 Transport transport_from_string(std::string_view s) {

@@ -52,7 +52,7 @@ void Device::reset_after_reboot() {
 }
 
 uint32_t Device::alloc_qpn() {
-  if (pers.qpn_policy == QpnPolicy::kLifo && !free_qpns_.empty()) {
+  if (caps.qpn_policy == QpnPolicy::kLifo && !free_qpns_.empty()) {
     const uint32_t qpn = free_qpns_.back();
     free_qpns_.pop_back();
     return qpn;
@@ -66,7 +66,7 @@ uint32_t Device::alloc_qpn() {
 }
 
 void Device::free_qpn(uint32_t qpn) {
-  if (pers.qpn_policy == QpnPolicy::kLifo) free_qpns_.push_back(qpn);
+  if (caps.qpn_policy == QpnPolicy::kLifo) free_qpns_.push_back(qpn);
 }
 
 ModelMr* Device::find_mr(uint32_t key) const {

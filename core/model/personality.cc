@@ -36,8 +36,9 @@ DeviceCaps base_caps(const std::string& name, Transport t) {
   return c;
 }
 
-// A personality's caps: the base, then the provider facts of the driver it predicts. Its QPs
-// always report their state (ibv_query_qp), as siw does since 6.8.
+// A personality's caps: the base, then the provider facts of the driver it predicts, none of
+// a real device's (apply_device_facts): its QPs always report their state (ibv_query_qp), as
+// siw does since 6.8; rts_needs_cm and refused_send_resend_races stay false (types.h).
 DeviceCaps driver_caps(const std::string& name, Transport t, const std::string& driver) {
   DeviceCaps c = base_caps(name, t);
   apply_driver_facts(driver_facts(driver), c);
@@ -47,9 +48,8 @@ DeviceCaps driver_caps(const std::string& name, Transport t, const std::string& 
 Personality roce() {
   Personality p;
   p.caps = driver_caps("roce", Transport::RoCE, "rxe");
-  p.caps.xrc = false;                    // vmlab.md: no XRC bit, ibv_open_xrcd -> EOPNOTSUPP
-  p.qpn_policy = QpnPolicy::kIncrement;  // vmlab.md: first QPN 17, then 18 (cyclic allocation)
-  p.first_qpn = 17;
+  p.caps.xrc = false;                        // vmlab.md: no XRC bit, ibv_open_xrcd -> EOPNOTSUPP
+  p.first_qpn = 17;                          // vmlab.md (the row's qpn_policy: increment)
   p.max_qpn = 0x1ffff;                       // (model) wrap point of the cyclic range
   p.cq_overflow = CqOverflow::kLoseEach;     // vmlab.md: CQ_ERR per lost completion, QP stays RTS
   p.cq_rounding = CqRounding::kPow2PlusOne;  // rxe_queue.c rxe_queue_init, rxe_cq_from_init
@@ -62,10 +62,9 @@ Personality roce() {
 Personality ib(XrcTgtLifetime rule, const std::string& name) {
   Personality p;
   p.caps = driver_caps(name, Transport::IB, "mlx5");
-  p.caps.xrc = true;                     // semantics.md D: mlx4, mlx5 support XRC
-  p.caps.xrc_tgt_lifetime = rule;        // semantics.md D: kHandle today, kXrcd in 2007/2011
-  p.qpn_policy = QpnPolicy::kIncrement;  // semantics.md E: mlx5 assigns QPNs by increment
-  p.first_qpn = 0x100;
+  p.caps.xrc = true;                      // semantics.md D: mlx4, mlx5 support XRC
+  p.caps.xrc_tgt_lifetime = rule;         // semantics.md D: kHandle today, kXrcd in 2007/2011
+  p.first_qpn = 0x100;                    // (the row's qpn_policy: increment)
   p.cq_overflow = CqOverflow::kErrorQps;  // (model) mlx5: CQ overflow is a CQ error, QPs to ERR
   // mlx5_ib_create_cq: entries = roundup_pow_of_two(n + 1), ibcq.cqe = entries - 1 (libmlx5
   // asks for align_queue_size(n + 1) - 1: the same); the ring holds entries (Q11, inference).
@@ -86,7 +85,7 @@ Personality iwarp_cxgb4() {
   // so only the active one runs.
   p.iw_mpa_reply_timeout_ms = 60000;
   p.iw_mpa_request_timeout_ms = 60000;
-  p.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids
+  p.caps.qpn_policy = QpnPolicy::kIncrement;  // (model) cxgb4 qids; the row says nothing
   p.first_qpn = 1024;
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
   p.iwarp_closing = true;                 // seed 000: SQD == CLOSING, cxgb4 rules
@@ -111,7 +110,7 @@ Personality iwarp_siw() {
   // CONNECT_REPLY -ETIMEDOUT; AWAIT_MPAREQ -> the socket released; other states: nothing.
   p.iw_mpa_reply_timeout_ms = 10000;
   p.iw_mpa_request_timeout_ms = 5000;
-  p.qpn_policy = QpnPolicy::kIncrement;  // (model)
+  p.caps.qpn_policy = QpnPolicy::kIncrement;  // (model) siw: xa_alloc's lowest free (the row)
   p.first_qpn = 1;
   p.cq_overflow = CqOverflow::kLoseEach;  // semantics.md E: CQ_ERR when CQ full
   p.cq_rounding = CqRounding::kPow2;      // siw_verbs.c siw_create_cq: roundup_pow_of_two(n)
@@ -134,8 +133,7 @@ Personality mana() {
   p.caps.srq = false;  // (model) mana_ib has no SRQ: create_srq EOPNOTSUPP
   // The row's is 7.2's; 6.1.192 mana has no .disassociate_ucontext, and the model is 6.1 (Q3).
   p.caps.disassociates = false;
-  p.qpn_policy = QpnPolicy::kLifo;        // semantics.md E, seed 002: freed QPN to next create
-  p.first_qpn = 0x40;                     // (model)
+  p.first_qpn = 0x40;                     // (model) (the row's qpn_policy: lifo)
   p.cq_overflow = CqOverflow::kErrorQps;  // (model)
   p.cq_rounding = CqRounding::kExact;     // (model) mana_ib_create_cq never sets ibcq->cqe (Q11)
   p.guid_base = 0x00155d0000000000ull;    // (model) a Microsoft OUI

@@ -11,12 +11,6 @@
 
 namespace rdmalab::model {
 
-// How a device hands out QP numbers.
-enum class QpnPolicy {
-  kIncrement,  // next number, never reused until the space wraps (mlx5, rxe's cyclic xarray)
-  kLifo,       // a freed QPN goes to the next create (mana, seed 002)
-};
-
 // What a full CQ does with one more completion.
 enum class CqOverflow {
   kLoseEach,  // the completion is lost, CQ_ERR per lost completion, QPs unaffected (rxe, siw)
@@ -39,8 +33,7 @@ struct CqSize {
 };
 
 struct Personality {
-  DeviceCaps caps;  // name is filled per host ("model-ib0")
-  QpnPolicy qpn_policy = QpnPolicy::kIncrement;
+  DeviceCaps caps;  // name is filled per host ("model-ib0"); caps.qpn_policy drives alloc_qpn
   uint32_t first_qpn = 0x100;
   uint32_t max_qpn = 0xffffff;
   CqOverflow cq_overflow = CqOverflow::kErrorQps;

@@ -47,6 +47,13 @@ TEST_P(PersonalityFactsTest, CarriesItsDriversRow) {
   EXPECT_EQ(c.iw_close_timeout_s, d.iw_close_timeout_s);
   EXPECT_EQ(c.raises, d.raises);
   EXPECT_TRUE(c.reports_qp_state);  // the model's QPs answer ibv_query_qp
+  if (d.qpn_policy != QpnPolicy::kUnknown) {
+    EXPECT_EQ(c.qpn_policy, d.qpn_policy);
+  }
+  // A real device's facts, which no personality takes (types.h): the model's bring_up moves
+  // iWARP QPs to RTS by modify, and its hosts have no stack that refuses a send.
+  EXPECT_FALSE(c.rts_needs_cm);
+  EXPECT_FALSE(c.refused_send_resend_races);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, PersonalityFactsTest,
@@ -77,6 +84,12 @@ TEST(PersonalityTest, ProviderFactsAsBefore) {
   EXPECT_EQ(personality("mana").caps.raises, std::vector<AsyncEventType>{AsyncEventType::QP_FATAL});
   EXPECT_EQ(personality("ib-legacy").caps.xrc_tgt_lifetime, XrcTgtLifetime::kXrcd);
   EXPECT_EQ(personality("ib").caps.xrc_tgt_lifetime, XrcTgtLifetime::kHandle);
+  // The QPN allocator each personality had (Personality::qpn_policy before caps carried it);
+  // none is unknown: the model's allocator needs one.
+  for (const char* p : {"roce", "ib", "ib-legacy", "iwarp-cxgb4", "iwarp-siw"}) {
+    EXPECT_EQ(personality(p).caps.qpn_policy, QpnPolicy::kIncrement) << p;
+  }
+  EXPECT_EQ(personality("mana").caps.qpn_policy, QpnPolicy::kLifo);
 }
 
 }  // namespace

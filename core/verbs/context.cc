@@ -42,6 +42,7 @@ DeviceCaps query_caps(ibv_context* ctx, const std::string& sysfs_root) {
   f.name = ibv_get_device_name(ctx->device);
   f.driver = driver_name(f.name, sysfs_root);
   f.node_type = ctx->device->node_type;
+  f.kernel = running_kernel();
   check_rc("ibv_query_device_ex", ibv_query_device_ex(ctx, nullptr, &f.attr), f.name);
   ibv_port_attr port{};
   check_rc("ibv_query_port", ibv_query_port(ctx, 1, &port), f.name + " port 1");

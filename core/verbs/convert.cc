@@ -346,14 +346,16 @@ Transport transport_of(ibv_node_type node_type, uint8_t link_layer) {
   return Transport::IB;
 }
 
-// The running kernel's release is at least r (uname(2); "6.1.0-56-amd64"); {0, 0}: any.
-static bool kernel_at_least(KernelRelease r) {
-  if (r.major == 0) return true;
-  utsname u{};
-  if (uname(&u) != 0) return false;
+KernelRelease kernel_release_of(const char* release) {
   int ma = 0, mi = 0;
-  if (std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > r.major || (ma == r.major && mi >= r.minor);
+  if (std::sscanf(release, "%d.%d", &ma, &mi) != 2 || ma <= 0) return {};
+  return {ma, mi};
+}
+
+KernelRelease running_kernel() {
+  utsname u{};
+  if (uname(&u) != 0) return {};
+  return kernel_release_of(u.release);
 }
 
 DeviceCaps caps_from(const DeviceFacts& f) {
@@ -381,8 +383,7 @@ DeviceCaps caps_from(const DeviceFacts& f) {
   // that depend on a guess (a row without err_post) must probe, not trust it.
   const DriverFacts d = driver_facts(f.driver);
   apply_driver_facts(d, c);
-  c.reports_qp_state = kernel_at_least(d.reports_qp_state_since);
-  c.raises = device_raises(d);
+  apply_device_facts(d, f.kernel, c);
   return c;
 }
 

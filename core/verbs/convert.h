@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmalab/driver_facts.h"
 #include "rdmalab/types.h"
 #include "rdmalab/verbs.h"
 
@@ -63,8 +64,13 @@ struct DeviceFacts {
   ibv_node_type node_type = IBV_NODE_CA;
   uint8_t port1_link_layer = IBV_LINK_LAYER_INFINIBAND;
   ibv_device_attr_ex attr{};
+  KernelRelease kernel;  // the running kernel (running_kernel()); {0, 0}: unknown
 };
 DeviceCaps caps_from(const DeviceFacts& f);
+// A release as uname -r gives it ("6.1.0-56-amd64") as major.minor; {0, 0} if it does not parse.
+KernelRelease kernel_release_of(const char* release);
+// The running kernel's release (uname(2)); {0, 0} where unknown.
+KernelRelease running_kernel();
 Transport transport_of(ibv_node_type node_type, uint8_t link_layer);
 
 }  // namespace rdmalab::verbs

@@ -2,10 +2,10 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <sys/utsname.h>
 
-#include <cstdio>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "rdmalab/error.h"
 
@@ -209,12 +209,14 @@ TEST(Convert, TransportFromNodeTypeAndLinkLayer) {
   EXPECT_EQ(transport_of(IBV_NODE_RNIC, IBV_LINK_LAYER_ETHERNET), Transport::iWARP);
 }
 
-// The running kernel's release is at least 6.8 (what siw's reports_qp_state depends on).
-bool kernel_at_least_6_8() {
-  utsname u{};
-  int ma = 0, mi = 0;
-  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > 6 || (ma == 6 && mi >= 8);
+TEST(Convert, KernelRelease) {
+  EXPECT_EQ(kernel_release_of("6.1.0-56-amd64"), (KernelRelease{6, 1}));
+  EXPECT_EQ(kernel_release_of("7.2.13+deb14-amd64"), (KernelRelease{7, 2}));
+  EXPECT_EQ(kernel_release_of("6.12"), (KernelRelease{6, 12}));
+  EXPECT_FALSE(kernel_release_of("").known());
+  EXPECT_FALSE(kernel_release_of("6").known());
+  EXPECT_FALSE(kernel_release_of("linux").known());
+  EXPECT_TRUE(running_kernel().known());  // uname(2) on Linux
 }
 
 // What caps_from said per driver before the driver facts table (its if-lines), one row each:
@@ -281,25 +283,63 @@ std::multiset<Ev> as_set(const std::vector<Ev>& v) {
   return {v.begin(), v.end()};
 }
 
+void expect_old_facts(const OldFacts& o, const DeviceCaps& c) {
+  EXPECT_EQ(c.personality, o.driver);
+  EXPECT_EQ(c.err_post, o.err_post);
+  EXPECT_EQ(c.retry_cnt_7_infinite, o.retry_cnt_7_infinite);
+  EXPECT_EQ(c.disassociates, o.disassociates);
+  EXPECT_EQ(c.send_completes_on_handoff, o.siw_like);
+  EXPECT_EQ(c.connect_is_synchronous, o.siw_like);
+  EXPECT_EQ(c.iw_close_timeout_s, o.iw_close_timeout_s);
+  EXPECT_EQ(as_set(c.raises), as_set(o.raises));  // an event list's order is no fact
+  EXPECT_EQ(c.xrc_tgt_lifetime, XrcTgtLifetime::kUnknown);
+}
+
 TEST(Convert, ProviderFactsAsTheOldIfLines) {
   for (const OldFacts& o : kOldFacts) {
-    DeviceFacts f;
-    f.driver = o.driver;
-    f.node_type = o.node_type;
-    f.port1_link_layer = o.link_layer;
-    const DeviceCaps c = caps_from(f);
-    SCOPED_TRACE(std::string(o.driver) + (o.node_type == kRnic ? " (iWARP)" : ""));
-    EXPECT_EQ(c.personality, o.driver);
-    EXPECT_EQ(c.err_post, o.err_post);
-    EXPECT_EQ(c.retry_cnt_7_infinite, o.retry_cnt_7_infinite);
-    EXPECT_EQ(c.reports_qp_state, !o.siw_query || kernel_at_least_6_8());
-    EXPECT_EQ(c.disassociates, o.disassociates);
-    EXPECT_EQ(c.send_completes_on_handoff, o.siw_like);
-    EXPECT_EQ(c.connect_is_synchronous, o.siw_like);
-    EXPECT_EQ(c.iw_close_timeout_s, o.iw_close_timeout_s);
-    EXPECT_EQ(as_set(c.raises), as_set(o.raises));  // an event list's order is no fact
-    EXPECT_EQ(c.xrc_tgt_lifetime, XrcTgtLifetime::kUnknown);
+    for (const KernelRelease kernel : {KernelRelease{6, 1}, KernelRelease{6, 12}}) {
+      DeviceFacts f;
+      f.driver = o.driver;
+      f.node_type = o.node_type;
+      f.port1_link_layer = o.link_layer;
+      f.kernel = kernel;
+      const DeviceCaps c = caps_from(f);
+      SCOPED_TRACE(std::string(o.driver) + (o.node_type == kRnic ? " (iWARP)" : "") + " on " +
+                   std::to_string(kernel.major) + "." + std::to_string(kernel.minor));
+      EXPECT_EQ(c.reports_qp_state, !o.siw_query || kernel >= KernelRelease({6, 8}));
+      expect_old_facts(o, c);
+      // The facts added since the old if-lines: by transport and by the kernel.
+      EXPECT_EQ(c.rts_needs_cm, o.node_type == kRnic);
+      EXPECT_EQ(c.refused_send_resend_races,
+                std::string(o.driver) == "rxe" && kernel < KernelRelease({6, 12}));
+    }
   }
+}
+
+// What a device says of its QPNs is its row's; a driver no source settles claims nothing.
+TEST(Convert, QpnPolicyFromTheRow) {
+  DeviceFacts f;
+  f.port1_link_layer = kEth;
+  const std::pair<const char*, QpnPolicy> rows[] = {{"mana", QpnPolicy::kLifo},
+                                                    {"rxe", QpnPolicy::kIncrement},
+                                                    {"mlx5", QpnPolicy::kIncrement},
+                                                    {"bnxt_re", QpnPolicy::kUnknown},
+                                                    {"efa", QpnPolicy::kUnknown}};
+  for (const auto& [driver, policy] : rows) {
+    f.driver = driver;
+    EXPECT_EQ(caps_from(f).qpn_policy, policy) << driver;
+  }
+}
+
+// A device whose kernel is not known answers as the older kernels do.
+TEST(Convert, UnknownKernelIsTheOlder) {
+  DeviceFacts f;
+  f.driver = "rxe";
+  f.port1_link_layer = kEth;
+  EXPECT_TRUE(caps_from(f).refused_send_resend_races);
+  f.driver = "siw";
+  f.node_type = kRnic;
+  EXPECT_FALSE(caps_from(f).reports_qp_state);
 }
 
 TEST(Convert, CapsFromDeviceAttr) {

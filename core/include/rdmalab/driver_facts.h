@@ -5,6 +5,7 @@
 // these rows; Python reads them through _core.driver_facts() and _core.personality_of_driver().
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,10 +15,13 @@
 
 namespace rdmalab {
 
-// A kernel release, major.minor. {0, 0}: every release.
+// A kernel release, major.minor. {0, 0}: none (a running kernel not known; a bound not
+// given, read as its fact's comment says).
 struct KernelRelease {
   int major = 0;
   int minor = 0;
+  bool known() const { return major != 0; }
+  auto operator<=>(const KernelRelease&) const = default;
 };
 
 // The facts DeviceCaps carries that a device cannot report (types.h says what each means).
@@ -27,7 +31,12 @@ struct DriverFacts {
   // A user-space post to a QP in ERR (semantics.md C); unset: by transport (err_post_of).
   std::optional<ErrPostPolicy> err_post;
   bool retry_cnt_7_infinite = false;
-  KernelRelease reports_qp_state_since;  // ibv_query_qp reports the state from this release
+  // ibv_query_qp reports the state from this release ({0, 0}: every release).
+  KernelRelease reports_qp_state_since;
+  // A send the host's own stack refuses is resent racily before this release ({0, 0}: in
+  // none): caps.refused_send_resend_races.
+  KernelRelease refused_send_races_before;
+  QpnPolicy qpn_policy = QpnPolicy::kUnknown;
   bool disassociates = false;
   bool send_completes_on_handoff = false;
   bool connect_is_synchronous = false;
@@ -53,9 +62,15 @@ std::optional<std::string> personality_of_driver(const std::string& driver);
 // transport (IB and RoCE providers flush; user-space iWARP, libcxgb4, refuses).
 ErrPostPolicy err_post_of(const DriverFacts& d, Transport t);
 // Writes the row's provider facts into caps (whose transport is set): err_post,
-// retry_cnt_7_infinite, disassociates, send_completes_on_handoff, connect_is_synchronous,
-// iw_close_timeout_s, raises. reports_qp_state depends on the kernel: each reader decides.
+// retry_cnt_7_infinite, qpn_policy, disassociates, send_completes_on_handoff,
+// connect_is_synchronous, iw_close_timeout_s, raises. The model's personalities and the verbs
+// backend both take these.
 void apply_driver_facts(const DriverFacts& d, DeviceCaps& caps);
+// Writes the facts of a real device that the model's personalities do not take (types.h says
+// why for each): those of the running kernel (reports_qp_state, refused_send_resend_races;
+// running unknown: the older kernels' answer), rts_needs_cm (by transport), and raises
+// (device_raises).
+void apply_device_facts(const DriverFacts& d, KernelRelease running, DeviceCaps& caps);
 // The events a real device's caps report: raises and raises_unsettled where checked, else none.
 std::vector<AsyncEventType> device_raises(const DriverFacts& d);
 

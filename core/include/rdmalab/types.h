@@ -129,6 +129,13 @@ enum class ErrPostPolicy {
   kStrand,
 };
 
+// How a device hands out QP numbers (the model's allocator follows it: model/device.cc).
+enum class QpnPolicy {
+  kIncrement,  // next number, never reused until the space wraps (mlx5, rxe's cyclic xarray)
+  kLifo,       // a freed QPN goes to the next create (mana, seed 002)
+  kUnknown,    // no source says (a real device of a driver whose row has none)
+};
+
 struct Gid {
   std::array<uint8_t, 16> raw{};
   bool operator==(const Gid&) const = default;
@@ -160,6 +167,7 @@ struct DeviceCaps {
   bool retry_cnt_7_infinite = false;
   // ibv_query_qp reports the QP's state (siw_query_qp never fills it: always RESET).
   bool reports_qp_state = true;
+  QpnPolicy qpn_policy = QpnPolicy::kUnknown;
   // ibv_device_attr.local_ca_ack_delay: the IB CM puts it in REQ/REP and derives the local ACK
   // timeout and the TIMEWAIT time from it (cm.c cm_ack_timeout).
   uint8_t local_ca_ack_delay = 16;
@@ -182,6 +190,19 @@ struct DeviceCaps {
   // releases its socket); else the endpoint timer, in s, after which an unanswered close ends
   // in DISCONNECTED(-ETIMEDOUT) and an abort (cxgb4 ep_timeout_secs 60).
   uint16_t iw_close_timeout_s = 0;
+  // A connected QP reaches RTS only through the CM: on iWARP the CM hands the QP its
+  // connection (siw_qp.c siw_qp_nextstate_from_idle and cxgb4 qp.c c4iw_modify_qp refuse RTS
+  // without the LLP handle, EINVAL), so ibv_modify_qp with the peer's attributes cannot. The
+  // model's iWARP personalities say false: their QPs take the peer in modify's attributes
+  // (model/qp_state_table.cc check_modify, iWARP; stack/connect.cc bring_up), a convenience of
+  // the model for the engine's bring_up, not a kernel fact. rdmalab.api.resources (RCPair)
+  // connects through rdma_cm where it is true.
+  bool rts_needs_cm = false;
+  // A packet the sending host's own stack refuses (ip_local_out fails) is resent under a
+  // mechanism that races with the skb's destructor, so the outcome differs from run to run
+  // (rxe before 6.12: need_req_skb). The model's personalities say false: they model no host
+  // network stack that could refuse a send.
+  bool refused_send_resend_races = false;
   // net.ipv4.tcp_syn_retries of the host (TCP_SYN_RETRIES 6): a connect that gets no SYN-ACK
   // gives up after (2^(n+1) - 1) s (TCP_TIMEOUT_INIT 1 s, doubling; 6.1 tcp_write_timeout).
   uint8_t tcp_syn_retries = 6;
@@ -297,6 +318,7 @@ std::string_view to_string(AsyncEventType t);
 std::string_view to_string(ObjectKind k);
 std::string_view to_string(XrcTgtLifetime l);
 std::string_view to_string(ErrPostPolicy p);
+std::string_view to_string(QpnPolicy p);
 
 // Inverse of to_string; throw rdmalab::Error(EINVAL) on an unknown name.
 Transport transport_from_string(std::string_view s);
