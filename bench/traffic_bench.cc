@@ -1013,6 +1013,8 @@ class StandInQp final : public Qp {
   void post_recv(const RecvWr& wr) override { complete(wr.wr_id, WcOpcode::RECV); }
   void destroy(TimeNs) override {}
   bool is_open_handle() const override { return false; }
+  // No device: the defaults of no known provider.
+  const DeviceCaps& device_caps() const override { return caps_; }
 
  private:
   void complete(uint64_t wr_id, WcOpcode op) {
@@ -1024,6 +1026,7 @@ class StandInQp final : public Qp {
     cq_.ready_.push_back(wc);
   }
   StandInCq& cq_;
+  const DeviceCaps caps_{};
 };
 
 // ns per call of body, over n calls.

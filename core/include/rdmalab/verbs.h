@@ -137,12 +137,8 @@ class Qp : public Object {
   virtual void destroy(TimeNs deadline_ns) = 0;
   // True when this handle came from ibv_open_qp (an XRC TGT QP opened by another process).
   virtual bool is_open_handle() const = 0;
-  // The caps of the device it was made on (ibv_qp->context): what its provider does. Both
-  // backends override it; a stand-in QP (bench/) has the defaults of no known provider.
-  virtual const DeviceCaps& device_caps() const {
-    static const DeviceCaps kNoProvider;
-    return kNoProvider;
-  }
+  // The caps of the device it was made on (ibv_qp->context): what its provider does.
+  virtual const DeviceCaps& device_caps() const = 0;
 };
 
 enum class PortState { DOWN, INIT, ARMED, ACTIVE };
