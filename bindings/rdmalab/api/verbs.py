@@ -73,6 +73,7 @@ class DeviceCaps:
     xrc_tgt_lifetime: str
     retry_cnt_7_infinite: bool
     reports_qp_state: bool
+    qpn_policy: str  # "increment", "lifo" (a freed QPN to the next create: mana), "unknown"
     local_ca_ack_delay: int
     kernel_hz: int  # the host kernel's CONFIG_HZ (0 = unknown): its timers tick in jiffies
     # Provider facts (types.h DeviceCaps; findings.toml provider-fact entries).
@@ -80,6 +81,8 @@ class DeviceCaps:
     send_completes_on_handoff: bool  # SEND completes when handed to TCP (siw)
     connect_is_synchronous: bool     # rdma_connect does the TCP connect (siw)
     iw_close_timeout_s: int          # iWARP close: 0 = at once (siw); else cxgb4's ep timer
+    rts_needs_cm: bool               # RTS only through the CM (a real iWARP device)
+    refused_send_resend_races: bool  # a send its own stack refuses: racy resend (rxe < 6.12)
     tcp_syn_retries: int             # the host's net.ipv4.tcp_syn_retries
     raises: tuple[str, ...]
     # The kernel the device runs under (uname -r on a device; the personality's on the model):
@@ -92,7 +95,7 @@ class DeviceCaps:
         (EngineLab.kernel_identity: the model's personality, or this host's kernel)."""
         fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)
                   if f.name != "kernel_release"}
-        for key in ("transport", "err_post", "xrc_tgt_lifetime"):
+        for key in ("transport", "err_post", "xrc_tgt_lifetime", "qpn_policy"):
             fields[key] = name(fields[key])
         fields["raises"] = tuple(name(t) for t in c.raises)
         fields.update(kernel_hz=host_kernel.hz, kernel_release=host_kernel.release,
