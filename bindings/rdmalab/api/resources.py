@@ -379,11 +379,9 @@ def _check_wait(waited: bool, rec, cm_id, want: str, timeout_ns: int) -> None:
 
 
 def _needs_rdma_cm(lab, host) -> bool:
-    """Real iWARP devices (not the model's iWARP personalities, which accept the peer in
-    modify attributes as the engine's bring_up passes it)."""
-    if getattr(lab, "replayable", True):
-        return False
-    return lab.host(_name(host)).caps().transport == "iWARP"
+    """A QP of host reaches RTS only through the CM (caps.rts_needs_cm: a real iWARP device;
+    the model's iWARP personalities take the peer in modify's attributes)."""
+    return lab.host(_name(host)).caps().rts_needs_cm
 
 
 def _process(lab, host, process):
