@@ -12,7 +12,6 @@ from rdmalab import CM_PROTOCOL_STATE, VIRTUAL_TIME, Error, FaultNotSupported, m
 from rdmalab.run import checks
 from rdmalab.api.cm_timing import (WAIT_PAST_BOUND_NS, IbCmTiming, early_bound_ns, late_bound_ns,
                                    late_span_bound_ns, stood_still, tcp_syn_give_up_range_ns)
-from rdmalab.kernel import release_version
 from rdmalab.api.resources import CmPair
 
 IB_FAMILY = ["IB", "RoCE"]
@@ -352,13 +351,12 @@ def test_rep_refused_by_the_senders_stack_costs_that_rep_only(lab):
         pytest.skip("needs a host network stack that can refuse a send (nftables in the "
                     "sending host): the model's hosts have none")
     caps = lab.host("b").caps()
-    if caps.personality == "rxe" and (release_version(caps.kernel_release) or (0, 0)) < (6, 12):
-        # rxe before the change resends a refused packet under need_req_skb, which the change's
-        # own message calls racy ("the skb may be sent to the destructor before the requester
-        # can set the need_req_skb flag. This will cause a deadlock in the send path"): on
-        # 6.1.192 the REP went out after the rule was removed in one run and never in another.
-        pytest.skip(f"rxe on {caps.kernel_release}: the outcome of a refused send races "
-                    "(need_req_skb resend, removed in 6.12's rxe); not asserted before 6.12")
+    if caps.refused_send_resend_races:
+        # rxe before 6.12 resends a refused packet under need_req_skb, which the change that
+        # removed it calls racy (driver_facts.cc, rxe): on 6.1.192 the REP went out after the
+        # rule was removed in one run and never in another.
+        pytest.skip(f"{caps.personality} on {caps.kernel_release}: the outcome of a refused send "
+                    "races (need_req_skb resend, removed in 6.12's rxe); not asserted before 6.12")
     timing = IbCmTiming.for_caps(lab.host("a").caps())
     try:
         rule = lab.faults.drop(cm="REP", src_host="b", at="host")

@@ -119,8 +119,9 @@ def test_events_of_one_qp_are_serialized_in_order(lab):
 
 
 def test_reused_qpn_never_receives_the_old_qps_event(lab):
-    """mana hands a freed QPN to the next create. An EQE for the old QP still waiting in the
-    event queue when it is destroyed must not reach the QP that gets its number."""
+    """A LIFO device (caps.qpn_policy: mana) hands a freed QPN to the next create. An EQE for
+    the old QP still waiting in the event queue when it is destroyed must not reach the QP
+    that gets its number."""
     p = player(lab)
     old_qp, old_qpn = p.qp, p.qp.qp_num
     old_handler, new_handler = Recorder(lab), Recorder(lab)
@@ -130,8 +131,8 @@ def test_reused_qpn_never_receives_the_old_qps_event(lab):
         lab.faults.inject_async_event("a", "QP_FATAL", old_qpn, driver_delay_ns=ms(2))
         d.destroy(old_qp, timeout_ns=sec(1))
         new_qp = p.ctx.create_qp(p.pd, "RC", cq=p.cq)
-        if p.ctx.caps.personality == "mana":
-            assert new_qp.qp_num == old_qpn, "mana hands the freed QPN to the next create"
+        if p.ctx.caps.qpn_policy == "lifo":
+            assert new_qp.qp_num == old_qpn, "a LIFO device hands the freed QPN to the next create"
         d.watch(new_qp, new_handler)
         lab.run_for(ms(20))
         assert old_handler.calls == [] and new_handler.calls == [], (old_handler.calls,
