@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 import rdmalab
+from rdmalab.faults.records import from_switch
 from rdmalab.run import metrics
 from rdmalab import ms
 from rdmalab.api.resources import CmPair
@@ -221,10 +222,10 @@ def test_a_vm_lab_is_counted_when_it_shuts_down():
     lab = FinishedVmLab([
         {"seq": 0, "host_seq": 3, "t_ns": 5, "host": "a", "object": "cm_id:1",
          "kind": "cm_event", "data": {"event": "DISCONNECTED", "status": 0}},
-        {"seq": 1, "host_seq": 0, "t_ns": 6, "host": "switch", "object": "rule:1",
-         "kind": "switch_drop", "data": {"action": "drop", "frame": frame}},
-        {"seq": 2, "host_seq": 1, "t_ns": 7, "host": "switch", "object": "rule:2",
-         "kind": "switch_watch", "data": {"action": "watch", "frame": frame}},
+        dict(from_switch({"seq": 0, "t_ns": 6, "action": "drop", "rule": 1, "frame": frame}, 0),
+             seq=1),
+        dict(from_switch({"seq": 1, "t_ns": 7, "action": "watch", "rule": 2, "frame": frame}, 0),
+             seq=2),
     ])
     m = metrics.Metrics().attach(lab)
     assert not series(m.text(), "rdmalab_cm_events_total{")  # nothing before the end

@@ -296,9 +296,9 @@ def test_holds_each_released_once():
     r = holds.check(h, MODEL)
     assert r.valid and r.checked == 1
     assert_invalid(holds.check(H(h + [dict(h[1], seq=2)]), MODEL),
-                   "model hold 7 (fault, t_ns 0): released 2 times")
+                   "packet 7 held by a reorder at t_ns 0: released 2 times")
     stray = H().add("a", "fabric", "reorder_release", 0, packet=9)
-    assert_invalid(holds.check(stray, MODEL), "model release of 9 with no hold")
+    assert_invalid(holds.check(stray, MODEL), "release of packet 9 with no hold")
 
 
 def test_holds_unreleased_past_its_deadline_is_invalid_before_it_unjudged():
@@ -306,7 +306,7 @@ def test_holds_unreleased_past_its_deadline_is_invalid_before_it_unjudged():
     r = holds.check(held, MODEL)
     assert r.valid and r.checked == 0  # the history ends while it is held
     late = H(held).add("a", "qp:1", "wc", ms(5))
-    assert_invalid(holds.check(late, MODEL), "model hold 7 (fault, t_ns 0): released 0 times")
+    assert_invalid(holds.check(late, MODEL), "packet 7 held by a reorder at t_ns 0: released 0 times")
 
 
 # ---------------------------------------------------------------- cm_terminal

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from rdmalab.faults.records import from_switch
 from rdmalab.report import html as html_report, ladder
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
@@ -24,6 +25,13 @@ class History:
     def add(self, kind, host, t_ns, obj="", **data):
         self.records.append({"seq": len(self.records), "t_ns": t_ns, "host": host,
                              "kind": kind, "object": obj, "data": data})
+        return self.records[-1]
+
+    def switch(self, t_ns, action, **fields):
+        """The fault switch's log entry as an agent lab's history has it."""
+        rec = from_switch({"seq": len(self.records), "t_ns": t_ns, "action": action, "rule": 1,
+                           **fields}, 0)
+        self.records.append(dict(rec, seq=len(self.records)))
         return self.records[-1]
 
     def cm(self, src, dst, t_ns, msg, attempt=1, received=True):
@@ -96,11 +104,11 @@ def test_one_arrow_per_cm_send_and_wire_record_and_lost_ones_stop_short():
 
 def test_wire_records_are_arrows_and_the_switch_drop_is_at_the_switch_lane():
     h = device_connect()
-    h.add("fault", "", 200_000_000, "switch", fault="drop", rule={"action": "drop", "cm": "DREP"})
+    h.add("wire_rule", "", 200_000_000, "switch", fault="drop",
+          rule={"action": "drop", "cm": "DREP"})
     h.wire("a", "b", 210_000_000, cm="DREQ", opcode="SEND_ONLY", psn=4)
     dropped = h.wire("b", "a", 220_000_000, cm="DREP", opcode="SEND_ONLY", psn=5)
-    h.add("switch_drop", "switch", 220_000_100, "rule:1", action="drop", rule=1,
-          frame=dropped["data"]["frame"])
+    h.switch(220_000_100, "drop", frame=dropped["data"]["frame"])
     h.wire("b", "", 230_000_000, proto="arp")  # broadcast: to the switch
     lad = ladder.layout(h.records)
     assert [lane.name for lane in lad.lanes] == ["a", "switch", "b"]
@@ -113,7 +121,7 @@ def test_wire_records_are_arrows_and_the_switch_drop_is_at_the_switch_lane():
     assert "broadcast" in lad.arrows[5].classes and lad.arrows[5].x2 == x["switch"]
     drop = next(m for m in lad.marks if m.kind == "switch_drop")
     assert drop.x == x["switch"] and "fault" in drop.classes and drop.label == "drop DREP"
-    rule = next(m for m in lad.marks if m.kind == "fault")
+    rule = next(m for m in lad.marks if m.kind == "wire_rule")
     assert rule.x == x["switch"] and rule.label == "rule drop cm=DREP"
     assert ladder.frame_label({"proto": "roce", "opcode": "SEND_ONLY", "psn": 5}) == \
         "SEND_ONLY psn 5"
@@ -122,8 +130,7 @@ def test_wire_records_are_arrows_and_the_switch_drop_is_at_the_switch_lane():
     h2 = History()
     h2.wire("a", "b", 1 * S, opcode="SEND_ONLY", psn=9, len=86)
     h2.wire("a", "b", 2 * S, opcode="SEND_ONLY", psn=9, len=86)
-    h2.add("switch_drop", "switch", 2 * S + 50, "rule:1", action="drop",
-           frame={"proto": "roce", "opcode": "SEND_ONLY", "psn": 9})
+    h2.switch(2 * S + 50, "drop", frame={"proto": "roce", "opcode": "SEND_ONLY", "psn": 9})
     assert ["dropped" in a.classes for a in ladder.layout(h2.records).arrows] == [False, True]
 
 
@@ -194,8 +201,7 @@ def test_bulk_posts_and_completions_are_summarised():
     for i in range(30):
         frame = d.wire("b", "a", 200_000_000 + i * 10_000_000, opcode="ACKNOWLEDGE",
                        psn=257)["data"]["frame"]
-        d.add("switch_drop", "switch", 200_000_100 + i * 10_000_000, "rule:1", action="drop",
-              frame=frame)
+        d.switch(200_000_100 + i * 10_000_000, "drop", frame=frame)
     lad = ladder.layout(d.records)
     assert len(lad.arrows) == lad.messages == 33
     assert all("dropped" in a.classes for a in lad.arrows[3:])
@@ -259,8 +265,7 @@ def write_run(out: Path, history_property=False) -> None:
     device_connect().write(hist / "tests.scenarios.test_x.test_conn-vm-rxe.jsonl")
     model_connect().write(hist / "tests.scenarios.test_x.test_rej-model-roce.jsonl")
     rej = device_connect(established_b="REJECTED")
-    rej.add("switch_drop", "switch", 195_000_000, "rule:1", action="drop",
-            frame={"proto": "roce", "cm": "DREQ"})
+    rej.switch(195_000_000, "drop", frame={"proto": "roce", "cm": "DREQ"})
     rej.write(hist / "tests.scenarios.test_x.test_rej-vm-rxe.jsonl")
     evidence = out / "evidence" / "tests.scenarios.test_x.test_rej-vm-rxe"
     evidence.mkdir(parents=True)

@@ -17,6 +17,7 @@ import rdmalab
 from rdmalab import FaultNotSupported, _core, ms, sec
 from rdmalab.report import evidence_wire
 from rdmalab.faults.fabric import SwitchControl, SwitchError
+from rdmalab.faults.records import from_switch
 from rdmalab.api.resources import CmPair, RCPair
 
 from roce_frames import MAC_A, MAC_B, roce_cm_req  # tests/python/roce_frames.py
@@ -377,22 +378,34 @@ def test_reorder_same_seed_same_history():
     assert '"kind":"reorder_release"' in first and first == run()
 
 
-def _rec(n, kind, **data):
-    return {"seq": n, "t_ns": n, "host": "switch", "object": "rule:1", "kind": kind,
-            "data": data}
+def _switch(n, action, **fields):
+    """The switch's log entry n as the agent lab's history has it (rdmalab.faults.records)."""
+    rec = from_switch({"seq": n, "t_ns": n, "action": action, "rule": 1, **fields}, 0)
+    return dict(rec, seq=n)
+
+
+def test_switch_records_are_the_models_vocabulary():
+    held, drop, release = _switch(5, "reorder"), _switch(6, "drop"), _switch(7, "release",
+                                                                           of_seq=5,
+                                                                           reason="next_frame")
+    assert (held["kind"], held["data"]["fault"], held["data"]["packet"]) == ("fault", "reorder", 5)
+    assert (drop["kind"], drop["data"]["fault"], drop["host"]) == ("fault", "drop", "switch")
+    assert "held" not in drop["data"] and _switch(8, "delay")["data"]["held"] is True
+    assert (release["kind"], release["data"]["packet"], release["data"]["released_by"]) == (
+        "reorder_release", 5, "packet")
 
 
 def test_holds_released_checks_each_hold_once():
     from rdmalab.run import checks
-    ok = [_rec(0, "switch_reorder", seq=5), _rec(1, "switch_delay", seq=6),
-          _rec(2, "switch_release", of_seq=6), _rec(3, "switch_release", of_seq=5)]
+    ok = [_switch(5, "reorder"), _switch(6, "delay"), _switch(7, "release", of_seq=6),
+          _switch(8, "release", of_seq=5), _switch(9, "drop")]
     assert checks.holds_released(ok)
     lost = ok[:3]
     res = checks.holds_released(lost)
-    assert res.valid is False and "hold 5" in res.problems[0]
-    twice = ok + [_rec(4, "switch_release", of_seq=6)]
+    assert res.valid is False and "packet 5 held" in res.problems[0]
+    twice = ok + [_switch(10, "release", of_seq=6)]
     assert checks.holds_released(twice).valid is False
-    stray = ok + [_rec(4, "switch_release", of_seq=9)]
+    stray = ok + [_switch(10, "release", of_seq=9)]
     assert checks.holds_released(stray).valid is False
     assert checks.holds_released([]).valid is None
 

@@ -23,17 +23,13 @@ TRANSPORT_TIMEOUT = 20  # 4.096 us * 2^20 = 4.3 s before a retransmits the held 
 
 def release_causes(history) -> list:
     """How each held packet went on: "next frame" (right after the next frame of its flow),
-    "deadline" (hold_ns passed), as the model's fabric or the fault switch recorded it."""
+    "deadline" (hold_ns passed), as the model's fabric or the fault switch recorded it
+    (rdmalab.faults.records)."""
     causes = []
     for r in history:
-        if r["kind"] == "reorder_release":  # the model's fabric: released_by packet|deadline
-            by = r["data"].get("released_by")
+        by = r["data"].get("released_by") if r["kind"] == "reorder_release" else None
+        if by in ("packet", "deadline", "dropped_at_shutdown"):  # not a delay's end
             causes.append("next frame" if by == "packet" else by)
-        elif r["kind"] == "switch_release" and r["data"].get("reason") in (
-                "next_frame", "hold_deadline", "dropped_at_shutdown"):
-            reason = r["data"]["reason"]
-            causes.append({"next_frame": "next frame", "hold_deadline": "deadline"}.get(
-                reason, reason))
     return causes
 
 

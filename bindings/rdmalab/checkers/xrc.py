@@ -96,8 +96,6 @@ def check(history: list, ctx: Context) -> Result:
                 _drop(domains, host, d.get("process"))
             elif what in ("reboot", "host_lost"):
                 _drop(domains, d.get("host") or host, None)
-        elif k.startswith("switch_"):
-            faults.append((r["seq"], None))
         elif k == "tgt_qp_destroyed":
             for dom in domains.values():
                 if (dom.host, dom.tgt_qpn) == (host, d.get("qp_num")) and not dom.ended:

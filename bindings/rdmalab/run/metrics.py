@@ -33,6 +33,7 @@ import subprocess
 from typing import Mapping, Optional
 
 from .. import _core
+from ..faults.records import SWITCH, wire_action
 from ..names import sec
 
 SYSFS_ROOT = "/sys/class/infiniband"
@@ -69,12 +70,12 @@ class Metrics:
         """Counts a finished agent lab: its hosts' records through the classifier, the fault
         switch's actions as frames."""
         records = lab.history()
-        hosts = [r for r in records if r["host"] != "switch"]
+        hosts = [r for r in records if r["host"] != SWITCH]
         self._o.ingest(backend, lab.devices_by_host(),
                        "\n".join(json.dumps(r, sort_keys=True) for r in hosts))
         for r in records:
-            action = r["kind"][len("switch_"):] if r["kind"].startswith("switch_") else ""
-            if r["host"] == "switch" and action in SWITCH_ACTIONS:
+            action = wire_action(r)
+            if r["host"] == SWITCH and action in SWITCH_ACTIONS:
                 f = r["data"].get("frame", {})
                 kind = f.get("cm") or f.get("opcode") or f.get("rdmap_opcode") or \
                     f.get("proto") or "other"

@@ -9,6 +9,7 @@ import os
 from typing import Callable, Optional, Union
 
 from ...errors import HostLost
+from ...faults import records as wire_records
 from ...agent.remote import Agent
 from ...machines import rdma_res
 from .common import FOLLOW_S, FOLLOW_WAIT_S
@@ -112,10 +113,7 @@ class LabRecords:
         for proc in self._procs:
             merged += proc.records()
         for r in self._faults.switch_history():  # the switch runs on this machine's clock
-            merged.append({"seq": 0, "host_seq": r.get("seq", 0),
-                           "t_ns": r.get("t_ns", 0) - self._t0,
-                           "host": "switch", "object": f"rule:{r.get('rule', '')}",
-                           "kind": f"switch_{r.get('action', 'record')}", "data": r})
+            merged.append(wire_records.from_switch(r, self._t0))
         with self._lock:
             merged += [dict(r) for r in self._archived]
             merged += [dict(r) for r in self._merged]

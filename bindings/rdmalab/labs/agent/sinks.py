@@ -84,7 +84,7 @@ class Switch:
         rid = self.control().request("add_rule", rule=spec)["id"]
         handle = SwitchRule(self, action, spec, rid)
         self.rules.append(handle)
-        self._lab.record("fault", object="switch", fault=action, rule=spec, id=rid)
+        self._lab.record("wire_rule", object="switch", fault=action, rule=spec, id=rid)
         return handle
 
     def history(self) -> list[dict]:
@@ -242,7 +242,7 @@ class Nftables:
             installed[key] = (machine, place, handle)
         rule = NftRule(self, fault, fields, installed)
         self.rules.append(rule)
-        self._lab.record("fault", object="nft", fault=fault, fields=fields, expr=expr,
+        self._lab.record("wire_rule", object="nft", fault=fault, fields=fields, expr=expr,
                          hosts=sorted(installed), place=where)
         return rule
 

@@ -21,6 +21,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from ...faults.records import SWITCH, wire_action
 from .labels import bulk_label, format_t, frame_label, mark_label, quiet_label, title_of
 from .pairs import dropped_wires, match_recvs
 
@@ -48,6 +49,16 @@ TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "c
 # Marks a loop repeats: a long run of them is summarised (_items).
 BULKABLE = {"post", "wc", "retransmit", "switch_watch", "switch_drop", "switch_delay",
             "switch_duplicate", "switch_corrupt", "switch_reorder", "switch_release"}
+
+
+def shown(rec: dict) -> dict:
+    """A record as the ladder sorts it: the fault switch's actions on frames (its lane's wire
+    action records, rdmalab.faults.records) as switch_<action> and switch_release, so that they
+    bulk and sit in quiet stretches as the frames they act on do; any other record as it is."""
+    if rec.get("host") != SWITCH or rec["kind"] not in ("fault", "reorder_release"):
+        return rec
+    action = wire_action(rec) if rec["kind"] == "fault" else "release"
+    return dict(rec, kind=f"switch_{action}") if action else rec
 
 
 @dataclasses.dataclass
@@ -143,7 +154,7 @@ def _lanes(records: list[dict]) -> list[Lane]:
         host, data = rec.get("host") or "", rec.get("data") or {}
         if host in SWITCH_HOSTS:
             switch = switch or host
-        elif rec["kind"] == "fault" and rec.get("object") == "switch":
+        elif rec["kind"] == "wire_rule" and rec.get("object") == SWITCH:
             switch = switch or "switch"
         else:
             add(host)
@@ -391,7 +402,7 @@ def _highlights(items: list[_Item], ys: list[float], height: float,
 def layout(records: list[dict], highlight: Optional[dict] = None) -> Ladder:
     """The ladder of a history. highlight: {seq or None: text}; a seq marks that record's row
     as a first difference, None marks the end of the ladder (that side had nothing more)."""
-    records = sorted(records, key=lambda r: r["seq"])
+    records = sorted((shown(r) for r in records), key=lambda r: r["seq"])
     lanes = _lanes(records)
     items = _items(records)
     t0 = min((int(r.get("t_ns") or 0) for r in records), default=0)

@@ -59,7 +59,7 @@ def mark_label(rec: dict) -> tuple[str, str]:
     if kind == "cm_state":
         layer = data.get("layer", "")
         return f"{layer or 'cm'} {data.get('from', '?')}→{data.get('to', '?')}", "state"
-    if kind.startswith("switch_") or kind == "fault" or kind == "reorder_release":
+    if kind.startswith("switch_") or kind in ("fault", "wire_rule", "reorder_release"):
         return _fault_label(kind, data), "fault"
     if kind == "verb":
         return str(data.get("verb", "verb")), "verb"
@@ -76,10 +76,11 @@ def mark_label(rec: dict) -> tuple[str, str]:
 
 def _fault_label(kind: str, data: dict) -> str:
     """A fault where it acted: the switch's action on a frame, a rule, a model fabric fault."""
-    what = kind.removeprefix("switch_") if kind != "fault" else data.get("fault", "fault")
+    what = (data.get("fault", "fault") if kind in ("fault", "wire_rule")
+            else kind.removeprefix("switch_"))
     frame = data.get("frame")
     rule = data.get("rule")
-    if kind == "fault" and isinstance(rule, dict):
+    if kind == "wire_rule" and isinstance(rule, dict):
         detail = " ".join(f"{k}={v}" for k, v in rule.items() if k != "action")
         return f"rule {what}" + (f" {detail}" if detail else "")
     if frame:
