@@ -131,6 +131,12 @@ class FakeLab:
     def machine_of(self, h):
         return self.machines[h]
 
+    def devices_by_host(self):
+        return {h: "rxe" for h in self.machines}
+
+    def kernels_by_host(self):
+        return {h: self.pool.kernels.get(m.name, "") for h, m in self.machines.items()}
+
     def record_stuck(self, h, agent):
         self.stuck.append(h)
 

@@ -179,6 +179,15 @@ class EngineLab:
                 out[name] = "none"
         return out
 
+    def kernels_by_host(self) -> dict[str, str]:
+        out = {}
+        for name, host in self._hosts.items():
+            try:
+                out[name] = host.caps().kernel_release
+            except Error:  # a host without a device
+                out[name] = ""
+        return out
+
     def attach_metrics(self, metrics) -> None:
         """Feeds the engine's history into metrics as it is written."""
         metrics._o.attach(self._o)

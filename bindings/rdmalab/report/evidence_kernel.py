@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 from ..findings import kernlog
-from ..labs.agent import device_label
 from .evidence_host import MAX_KMSG_RECORDS
 
 
@@ -78,9 +77,8 @@ class KernelEvidence:
             name = f"splat-{host}-{n}.txt"
             self._write(name, splat.dmesg(), f"kernel {splat.kind} splat on {host}: "
                                              f"{splat.first_line}")
-            m = self.lab.machine_of(host)
-            key = device_label(m.facts.device)
-            kernel = self.lab.pool.kernels.get(m.name, "")
+            key = self.lab.devices_by_host()[host]
+            kernel = self.lab.kernels_by_host().get(host, "")
             expected = (self.registry.expected_splat(key, kernel, splat.text)
                         if self.registry is not None else None)
             self.splats.append({"host": host, "kind": splat.kind,

@@ -174,6 +174,10 @@ class AgentLab(LabRecords):
         """host -> the device label metrics use ("rxe", "siw", "mlx5")."""
         return {n: device_label(m.facts.device) for n, m in self._machines.items()}
 
+    def kernels_by_host(self) -> dict[str, str]:
+        """host -> `uname -r` of its machine, read when its agent started."""
+        return {n: self.pool.kernels.get(m.name, "") for n, m in self._machines.items()}
+
     def attach_metrics(self, metrics) -> None:
         """The records are on the hosts: counted from the merged history at shutdown."""
         backend = self.description.partition(":")[0]
