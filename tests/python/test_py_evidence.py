@@ -146,8 +146,8 @@ class FakeLab:
     def lost_hosts(self):
         return self.lost
 
-    def switch_unusable(self):
-        return self.control
+    def switch_path(self):
+        return None if self.control.startswith("!") else self.control
 
     def merge_records(self, records):
         self.merged += records

@@ -137,6 +137,9 @@ class SwitchLab:
                                                                  "b": "10.0.0.2"}, []
 
     def switch_unusable(self) -> str:
+        return ""
+
+    def switch_path(self) -> str:
         return self.path
 
     def machine_of(self, name):

@@ -82,17 +82,17 @@ class WireCapture:
         self._bridge_offset = 0
 
     def start(self) -> None:
-        path = self.lab.switch_unusable()
+        path = self.lab.switch_path()
         m = self.lab.machine_of(self.hosts[0])
         bridge = m.bridge
-        key = path if not path.startswith("!") else f"{(m.bridge_machine or m).name}:{bridge}"
+        key = path if path else f"{(m.bridge_machine or m).name}:{bridge}"
         other = _CAPTURING.get(key)
         if other is not None:  # a test's second lab on the same wire: one capture at a time
             self.caps["wire"] = (f"no capture of its own: the wire's capture is in "
                                  f"{other.dir.name}'s bundle")
             return
         self._key = key
-        if not path.startswith("!"):
+        if path:
             control = SwitchControl(path)
             control.request("pcap", path=str((self.dir / "wire.pcap").resolve()),
                             max_bytes=MAX_PCAP_BYTES)

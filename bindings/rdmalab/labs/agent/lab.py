@@ -86,7 +86,7 @@ class AgentLab(LabRecords):
     @property
     def capabilities(self) -> frozenset:
         caps = set()
-        if not self.switch_unusable().startswith("!") and not any(
+        if not self.switch_unusable() and not any(
                 self.nftables_unusable(n) for n in self._machines):
             caps.add(WIRE_PLACEMENT)
         return frozenset(caps)
@@ -95,14 +95,18 @@ class AgentLab(LabRecords):
         return capability in self.capabilities
 
     def switch_unusable(self) -> str:
-        """The fault switch's control socket, or "!why" when rules cannot go to a switch."""
+        """Why wire rules cannot go to a fault switch; "" when they can (switch_path)."""
         if self.pool.switch_control is None:
-            return (f"!no fault switch on the path of {self.description}'s hosts (the VM lab "
+            return (f"no fault switch on the path of {self.description}'s hosts (the VM lab "
                     "without build/faults/rdmalab-switch, or no [[switch]] in the inventory)")
         off = [n for n, m in self._machines.items() if m.facts.wire_switch == ""]
         if off:
-            return f"!host(s) {', '.join(off)} are not behind the fault switch (wire.via)"
-        return self.pool.switch_control
+            return f"host(s) {', '.join(off)} are not behind the fault switch (wire.via)"
+        return ""
+
+    def switch_path(self) -> Optional[str]:
+        """The fault switch's control socket; None where switch_unusable says why not."""
+        return None if self.switch_unusable() else self.pool.switch_control
 
     def nftables_unusable(self, host: str) -> str:
         """Why a wire rule cannot sit in host's own nftables ("" when it can): the host's

@@ -53,14 +53,14 @@ class Switch:
         self._since = 0  # the switch's history seq at this lab's first rule
 
     def usable(self) -> bool:
-        return not self._lab.switch_unusable().startswith("!")
+        return not self._lab.switch_unusable()
 
     def control(self) -> SwitchControl:
         if self._control is None:
-            path = self._lab.switch_unusable()
-            if path.startswith("!"):
-                raise FaultNotSupported("switch", path[1:])
-            self._control = SwitchControl(path)
+            why = self._lab.switch_unusable()
+            if why:
+                raise FaultNotSupported("switch", why)
+            self._control = SwitchControl(self._lab.switch_path())
             self._since = self._history_end()
             self._control.request("hosts", hosts={
                 n: {"mac": m.facts.mac, "ip": m.facts.data_address}
