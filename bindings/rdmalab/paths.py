@@ -3,7 +3,14 @@ share (the VM lab's cache and tools, the swarm's scenario file, the agent's ship
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent  # bindings/rdmalab
 REPO = PACKAGE.parents[1]                          # the checkout that holds bindings/
+
+
+def switch_binary() -> pathlib.Path:
+    """The fault switch (and frame decoder) the VM lab runs: RDMALAB_SWITCH, else the build's."""
+    return pathlib.Path(os.environ.get("RDMALAB_SWITCH",
+                                       REPO / "build" / "faults" / "rdmalab-switch"))

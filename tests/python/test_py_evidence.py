@@ -17,6 +17,7 @@ import pytest
 
 from rdmalab.report import evidence, evidence_host, evidence_wire
 from rdmalab.machines import rdma_res
+from rdmalab.paths import switch_binary
 from rdmalab.findings import registry as findings, kernlog
 from rdmalab.errors import Hung
 from rdmalab.run.outcome import final_outcome, splat_failure
@@ -162,7 +163,7 @@ class FakeLab:
 @pytest.fixture
 def switch(tmp_path):
     """The real fault switch with two fake VM sockets: (control path, send(frame, from))."""
-    binary = evidence_wire.switch_binary()
+    binary = switch_binary()
     if not binary.exists():
         pytest.skip(f"{binary} is not built (cmake --build build --target rdmalab-switch)")
     sock, ctl = tmp_path / "sw.sock", tmp_path / "sw.ctl"

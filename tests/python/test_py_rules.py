@@ -15,7 +15,7 @@ import pytest
 
 import rdmalab
 from rdmalab import FaultNotSupported, _core, ms, sec
-from rdmalab.report import evidence_wire
+from rdmalab.paths import switch_binary
 from rdmalab.faults.fabric import SwitchControl, SwitchError
 from rdmalab.faults.records import from_switch
 from rdmalab.api.resources import CmPair, RCPair
@@ -49,7 +49,7 @@ def connect_control(ctl, proc, deadline_s=DEADLINE_S) -> SwitchControl:
 def switch(tmp_path):
     """The real fault switch with hosts a and b on two fake VM sockets: (control, send(frame)),
     send passing a frame from a to b through it."""
-    binary = evidence_wire.switch_binary()
+    binary = switch_binary()
     if not binary.exists():
         pytest.skip(f"{binary} is not built (cmake --build build --target rdmalab-switch)")
     sock, ctl = tmp_path / "sw.sock", tmp_path / "sw.ctl"

@@ -6,7 +6,6 @@ frame parser (rdmalab-switch --decode-pcap: the one home of frame parsing)."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import time
@@ -14,18 +13,12 @@ from typing import Callable, Optional
 
 from ..faults.fabric import SwitchControl
 from ..machines import netns
-from ..paths import REPO
+from ..paths import switch_binary
 
 MAX_PCAP_BYTES = 8 << 20   # a bulk-data scenario's capture stops growing here
 MAX_WIRE_RECORDS = 2000    # frames decoded into `wire` history records at most
 
 _CAPTURING: dict = {}  # switch control path or bridge -> the WireCapture that runs there
-
-
-def switch_binary() -> pathlib.Path:
-    """The fault switch (and frame decoder) the VM lab runs: RDMALAB_SWITCH, else the build's."""
-    return pathlib.Path(os.environ.get("RDMALAB_SWITCH",
-                                       REPO / "build" / "faults" / "rdmalab-switch"))
 
 
 def decode_pcap(path, max_frames: int = MAX_WIRE_RECORDS, timeout_s: float = 30.0

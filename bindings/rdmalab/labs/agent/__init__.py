@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from ...errors import Hung
 from ...machines.machine import SOFT_DEVICES
-from .common import AGENT_DIR, device_label, each_host, qemu_unavailable
+from ...machines.deploy import AGENT_DIR
+from .common import device_label, each_host, qemu_unavailable
 from .faults import AgentFaults
 from .lab import AgentLab
 from .pool import AgentPool

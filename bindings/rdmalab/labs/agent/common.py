@@ -18,7 +18,6 @@ FOLLOW_WAIT_S = 1.0  # how long one fetch of a host's records waits in its agent
 FOLLOW_S = 0.1
 STUCK_DUMP_S = 30.0  # reading a stuck agent's stacks through its machine's channel
 STUCK_DUMP_CHARS = 20000  # kept of that dump (the end: the Python stacks)
-AGENT_DIR = "/var/tmp/rdmalab-agent"  # where the controller ships its agent on a host
 
 
 def qemu_unavailable() -> Optional[str]:

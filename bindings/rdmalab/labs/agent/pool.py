@@ -12,7 +12,8 @@ from ...errors import FaultNotSupported, Hung
 from ...agent.remote import Agent
 from ...machines import deploy, hostcheck
 from ...paths import REPO
-from .common import AGENT_DIR, each_host
+from ...machines.deploy import AGENT_DIR
+from .common import each_host
 from .lab import AgentLab
 
 # `ip neigh` states in which the kernel has the peer's MAC (NUD_VALID less PERMANENT, NOARP,

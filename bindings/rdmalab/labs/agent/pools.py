@@ -9,10 +9,10 @@ from typing import Callable
 
 from ...machines import hostcheck, inventory, netns, sshmachine
 from ...machines.localmachine import LocalMachine
-from ...machines.machine import MachineError
+from ...machines.deploy import AGENT_DIR
+from ...machines.machine import SOFT_DEVICES, MachineError
 from ...machines.qemu import VmMachines
-from ...machines.machine import SOFT_DEVICES
-from .common import AGENT_DIR, each_host, qemu_unavailable
+from .common import each_host, qemu_unavailable
 from .pool import AgentPool
 
 

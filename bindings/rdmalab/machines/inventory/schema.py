@@ -13,11 +13,11 @@ import pathlib
 import re
 from typing import Any, Iterable, Mapping, Optional
 
+from ..deploy.common import AGENT_DIR as DEFAULT_AGENT_DIR
 from ..machine import WIRE_KINDS, WIRE_NFT_BRIDGE, WIRE_SWITCH, HostFacts
 from .lines import Lines
 from .secret_rule import read
 
-DEFAULT_AGENT_DIR = "/var/tmp/rdmalab-agent"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 # Allowed keys per table; anything else is an error naming these.

@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 
+from ...paths import switch_binary
 from ..machine import MachineError, Result  # noqa: F401  (Result: what run() returns)
 from . import initrd as initrd_mod
 from . import kernel as kernel_mod
@@ -385,8 +386,7 @@ class VmGroup:
     def start_switch(self) -> None:
         """The project's fault switch (faults/, rdmalab-switch) when it is built, with its
         control socket; else the Python learning switch (no rules), e.g. for `make vmlab`."""
-        binary = pathlib.Path(os.environ.get("RDMALAB_SWITCH",
-                                              kernel_mod.REPO / "build" / "faults" / "rdmalab-switch"))
+        binary = switch_binary()
         if binary.exists():
             self.switch_control = self.workdir / "sw.ctl"
             argv = [str(binary), "--sock", str(self.switch_sock), "--control",
