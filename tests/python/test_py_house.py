@@ -134,3 +134,14 @@ def test_nothing_above_the_protocol_branches_on_what_lab_it_has(where):
             if any(b.search(code) for b in BRANCHES):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_every_name_of_the_face_resolves_to_its_home():
+    """rdmalab's face resolves its names lazily (PEP 562): each must name a real home, and a
+    name it does not have is an AttributeError, as for any module."""
+    import rdmalab
+    for name in rdmalab.__all__:
+        assert getattr(rdmalab, name) is not None, name
+    assert {"model_lab", "Lab", "resources", "FaultNotSupported"} <= set(dir(rdmalab))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        rdmalab.nope  # noqa: B018
