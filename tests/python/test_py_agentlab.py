@@ -81,6 +81,7 @@ def test_hosts_held_outside_a_free_switch_are_passed_over(four, monkeypatch):
     HELD.update({"s1-vm1", "s1-vm2"})  # another run's lock on the hosts themselves
     pool = agentlab.inventory_pool(str(path), hosts=2)
     assert names(pool) == ["s2-vm1", "s2-vm2"]
+    pool.kw["owner"].close()  # the switch's lock file with it
 
 
 def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
@@ -95,7 +96,9 @@ def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
     with pytest.raises(RuntimeError, match="3 hosts wanted on one fabric"):
         agentlab.inventory_pool(str(path), hosts=3)
     assert HELD == {"s1-vm2"}  # nothing kept by the failed attempt
-    assert names(agentlab.inventory_pool(str(path), hosts=2)) == ["s2-vm1", "s2-vm2"]
+    pool = agentlab.inventory_pool(str(path), hosts=2)
+    assert names(pool) == ["s2-vm1", "s2-vm2"]
+    pool.kw["owner"].close()
 
 
 def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():
