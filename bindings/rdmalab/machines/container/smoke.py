@@ -13,6 +13,7 @@ lists the host's device from inside the agent. Exit 0: everything worked.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -26,9 +27,12 @@ from ...paths import REPO
 
 
 def main(argv: list[str]) -> int:
-    n = int(argv[1]) if len(argv) > 1 else 2
-    prefix = argv[2] if len(argv) > 2 else "rlc"
-    machines = container_hosts(n, prefix)
+    ap = argparse.ArgumentParser(prog="python3 -m rdmalab.machines.container.smoke",
+                                 description="smoke test of the container hosts hosts.sh started")
+    ap.add_argument("n", nargs="?", type=int, default=2, help="how many hosts (default 2)")
+    ap.add_argument("prefix", nargs="?", default="rlc", help="their name prefix (default rlc)")
+    args = ap.parse_args(argv[1:])
+    machines = container_hosts(args.n, args.prefix)
     for m in machines:
         t0 = time.monotonic()
         m.wait_ready(30)
