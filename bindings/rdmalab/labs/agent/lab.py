@@ -1,6 +1,6 @@
-"""AgentLab: the agent lab's Lab (rdmalab.protocol), its hosts a pool's machines (agentlab.pool)
+"""AgentLab: the agent lab's Lab (rdmalab.protocol), its hosts a pool's machines (labs.agent.pool)
 each running the host agent. Its records half (following the hosts, lost hosts, the history)
-is its base class, LabRecords (agentlab.records)."""
+is its base class, LabRecords (labs.agent.records)."""
 
 from __future__ import annotations
 
