@@ -171,21 +171,18 @@ class EngineLab:
 
     def devices_by_host(self) -> dict[str, str]:
         """host -> the device label metrics use (the personality or provider)."""
-        out = {}
-        for name, host in self._hosts.items():
-            try:
-                out[name] = host.caps().personality
-            except Error:  # a host without a device
-                out[name] = "none"
-        return out
+        return self._caps_by_host("personality", "none")
 
     def kernels_by_host(self) -> dict[str, str]:
+        return self._caps_by_host("kernel_release", "")
+
+    def _caps_by_host(self, field: str, without_device: str) -> dict[str, str]:
         out = {}
         for name, host in self._hosts.items():
             try:
-                out[name] = host.caps().kernel_release
+                out[name] = getattr(host.caps(), field)
             except Error:  # a host without a device
-                out[name] = ""
+                out[name] = without_device
         return out
 
     def attach_metrics(self, metrics) -> None:

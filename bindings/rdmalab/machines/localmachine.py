@@ -12,19 +12,12 @@ import subprocess
 import time
 from typing import Optional
 
-from .machine import HostFacts, MachineError, PowerNotSupported, Result
+from .machine import HostFacts, MachineError, OwnKernelMachine, PowerNotSupported, Result
 
 
-class LocalMachine:
+class LocalMachine(OwnKernelMachine):
     """Runs commands here. env: the environment commands see (None: this process's), e.g. a
     PATH without some tool to play a host that lacks it."""
-
-    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
-    bridge = ""
-
-    @property
-    def kernel_machine(self):
-        return self
 
     def __init__(self, name: str = "local", facts: Optional[HostFacts] = None,
                  env: Optional[dict[str, str]] = None):

@@ -126,6 +126,18 @@ class Machine(Protocol):
         share (network namespaces on one kernel: their kernel log is read once)."""
 
 
+class OwnKernelMachine:
+    """The Machine protocol's answers for a host with a kernel of its own and no bridge of
+    ours on its path: what every kind but NetnsMachine says."""
+
+    bridge_machine: Optional[Machine] = None
+    bridge = ""
+
+    @property
+    def kernel_machine(self) -> Machine:
+        return self  # type: ignore[return-value]
+
+
 def wait_for_ssh(machine: Machine, deadline_s: float, poll_s: float = 1.0) -> float:
     """Polls `true` over the machine's run() until it answers; returns the seconds waited."""
     start = time.monotonic()

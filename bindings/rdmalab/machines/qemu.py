@@ -12,7 +12,8 @@ import subprocess
 import time
 from typing import Optional
 
-from .machine import HostFacts, MachineError, MachineUnreachable, Result, WIRE_SWITCH
+from .machine import (WIRE_SWITCH, HostFacts, MachineError, MachineUnreachable,
+                      OwnKernelMachine, Result)
 from .vmlab import vm as vm_mod
 
 SWITCH_NAME = "vmlab"
@@ -22,15 +23,8 @@ DATA_NETDEV = "eth0"  # bindings/rdmalab/machines/vmlab/init.sh names the data N
 GID_INDEX = {"rxe": 1, "siw": 0}
 
 
-class QemuMachine:
+class QemuMachine(OwnKernelMachine):
     """One guest of a vmlab VmGroup (rdmalab.machines.vmlab.vm.Vm)."""
-
-    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
-    bridge = ""
-
-    @property
-    def kernel_machine(self):
-        return self
 
     def __init__(self, vm: "vm_mod.Vm", ssh_config, rdma: str):
         self.vm, self.ssh_config, self.rdma = vm, str(ssh_config), rdma

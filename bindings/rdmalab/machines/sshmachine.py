@@ -26,8 +26,8 @@ import weakref
 from typing import Iterable, Optional
 
 from .inventory import DEFAULT_AGENT_DIR, HostEntry, Inventory
-from .machine import (HostFacts, MachineError, MachineUnreachable, PowerNotSupported, Result,
-                      wait_for_ssh)
+from .machine import (HostFacts, MachineError, MachineUnreachable, OwnKernelMachine,
+                      PowerNotSupported, Result, wait_for_ssh)
 
 CONNECT_TIMEOUT_S = 10
 CONTROL = "cm"         # the master's socket, beside the ssh_config
@@ -55,16 +55,9 @@ def _cfg_value(v: str) -> str:
     return '"' + str(v).replace("%", "%%").replace('"', "") + '"'
 
 
-class SshMachine:
+class SshMachine(OwnKernelMachine):
     """One inventory host over SSH. Not thread-safe for the first call (the config is written
     lazily); commands themselves may run from several threads."""
-
-    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
-    bridge = ""
-
-    @property
-    def kernel_machine(self):
-        return self
 
     def __init__(self, entry: HostEntry, known_hosts: str | os.PathLike,
                  agent_dir: str = DEFAULT_AGENT_DIR):

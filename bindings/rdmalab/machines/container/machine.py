@@ -18,22 +18,15 @@ import subprocess
 import time
 from typing import Optional
 
-from ..machine import (WIRE_NFTABLES, HostFacts, MachineError, MachineUnreachable, Result)
+from ..machine import (WIRE_NFTABLES, HostFacts, MachineError, MachineUnreachable,
+                       OwnKernelMachine, Result)
 
 PODMAN = "podman"
 
 
-class PodmanMachine:
-    """One running container, reached with `podman exec` (root in the container)."""
-
-    bridge_machine = None  # no bridge of ours on its path (Machine protocol)
-    bridge = ""
-    # A container's kernel is this machine's, but each reads its own kmsg view through
-    # its agent, so it is read per container.
-
-    @property
-    def kernel_machine(self):
-        return self
+class PodmanMachine(OwnKernelMachine):
+    """One running container, reached with `podman exec` (root in the container). Its kernel
+    is this machine's, but it reads its own kmsg view through its agent: its own kernel_machine."""
 
     def __init__(self, name: str, facts: Optional[HostFacts] = None):
         self.name = name
