@@ -4,7 +4,8 @@ Error (a RuntimeError) carries .verb, .errno, .errno_name and .detail; its str()
 message, e.g. "ibv_post_send: EBADF (9): qp 3 was destroyed". DeadlineExceeded is a subclass.
 Hung is the DeadlineExceeded of Lab.wait_until: its message is a diagnostic dump.
 FaultNotSupported says a backend cannot apply a fault (errno EOPNOTSUPP). HostLost says a host
-stopped answering mid-scenario (errno EHOSTDOWN).
+stopped answering mid-scenario (errno EHOSTDOWN). WorkloadError says a workload's step failed on a
+host (its errno, or 0).
 
 API misuse is an Error with errno EINVAL too, naming the verb and what was wrong: an object of
 another context or host (the engine's check_owner: "pd pd:2 is of ctx:1 on host a, not of
@@ -74,6 +75,18 @@ class HostLost(Error):
         super().__init__(_core.format_error("host", _errno.EHOSTDOWN, detail))
         _fill(self, "host", _errno.EHOSTDOWN, detail)
         self.host, self.info = host, dict(info)
+
+
+class WorkloadError(Error):
+    """A step of a workload (rdmalab.workloads) failed on a host: .step ("nvme connect"),
+    .host, .errno (the kernel's, where one was said; else 0), .detail (what the tool or the
+    kernel said). The step's `workload` history record says the same."""
+
+    def __init__(self, step: str, host: str, err: int, detail: str):
+        text = f"on {host}: {detail}"
+        super().__init__(_core.format_error(step, err, text) if err else f"{step}: {text}")
+        _fill(self, step, err, text)
+        self.step, self.host = step, host
 
 
 def as_fault(fault: str, fn, *args):

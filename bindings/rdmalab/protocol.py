@@ -27,7 +27,12 @@ WIRE_PLACEMENT = "wire_placement"
 # dump_state() describes every live object (a hung wait's dump includes it).
 STATE_DUMP = "state_dump"
 
-CAPABILITIES = (VIRTUAL_TIME, CM_PROTOCOL_STATE, SRQ_OCCUPANCY, WIRE_PLACEMENT, STATE_DUMP)
+# The hosts run kernels whose ULPs (nvme-rdma, nvmet-rdma, ...) a workload drives: run_on runs
+# a workload's host side in the host's own process (rdmalab.workloads).
+KERNEL_ULP = "kernel_ulp"
+
+CAPABILITIES = (VIRTUAL_TIME, CM_PROTOCOL_STATE, SRQ_OCCUPANCY, WIRE_PLACEMENT, STATE_DUMP,
+                KERNEL_ULP)
 
 
 @runtime_checkable
@@ -74,6 +79,12 @@ class Lab(Protocol):
     def place(self, anchor: Any) -> Optional[Any]:
         """Where an object anchored to `anchor` (a host name, a Host, a QP, a context) is
         built: the agent it lives in, or None for this process."""
+
+    def run_on(self, host: str, module: str, function: str, *args,
+               deadline_s: float = ...) -> Any:
+        """module.function(the host's lab, *args) in the host's own process, its plain-data
+        result copied back; past deadline_s a Hung (the host's agent is then restarted before
+        the next lab). Without KERNEL_ULP: FaultNotSupported."""
 
     def devices_by_host(self) -> dict: ...
     def kernels_by_host(self) -> dict:

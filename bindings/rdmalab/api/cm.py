@@ -56,7 +56,7 @@ class CmChannel:
         self._pump.start()
         self._ids: dict[int, CmId] = {}
         self._closed = False
-        self.lab._add_closer(self._at_lab_shutdown)
+        self.lab.add_closer(self._at_lab_shutdown)
 
     label = property(lambda self: self._o.label)
     running = property(lambda self: self._pump.running)

@@ -11,6 +11,7 @@ wall-clock terms, and the same seed replays the same run.
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import weakref
@@ -18,12 +19,13 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 from .. import _core
 from ..api.cm import CmChannel
-from ..errors import Error, Hung, as_fault, deadline_ns, raise_parked
+from ..errors import Error, FaultNotSupported, Hung, as_fault, deadline_ns, raise_parked
 from ..errors import duration_ns as duration_ns_of
 from ..faults import Faults, NoFaults
 from .. import kernel
 from ..names import parse, sec
-from ..protocol import CM_PROTOCOL_STATE, SRQ_OCCUPANCY, STATE_DUMP, VIRTUAL_TIME
+from ..protocol import (CM_PROTOCOL_STATE, KERNEL_ULP, SRQ_OCCUPANCY, STATE_DUMP,
+                        VIRTUAL_TIME)
 from ..api.verbs import Context, DeviceCaps, unwrap
 
 HISTORY_TAIL = 50  # records in a Hung dump
@@ -317,9 +319,20 @@ class EngineLab:
         for name in names:
             self.host(name)  # KeyError for a host the lab does not have
 
-    def _add_closer(self, fn: Callable[[], None]) -> None:
-        """fn runs at shutdown, before the engine stops (event pumps stop their threads)."""
+    def add_closer(self, fn: Callable[[], None]) -> None:
+        """fn runs at shutdown, before the engine stops (event pumps, a workload's watchers
+        and writers stop their threads while records are still taken)."""
         self._closers.append(fn)
+
+    def run_on(self, host: str, module: str, function: str, *args,
+               deadline_s: float = 60.0):
+        """module.function(this lab, *args) (rdmalab.protocol.Lab.run_on): in this process,
+        on a lab of this machine's own kernel (a host's agent); the model has no kernel."""
+        self.host(host)  # KeyError for a host the lab does not have
+        if not self.has(KERNEL_ULP):
+            raise FaultNotSupported("kernel_ulp", f"{self.description or self.backend} runs "
+                                    "no kernel whose ULPs a workload drives")
+        return getattr(importlib.import_module(module), function)(self, *args)
 
     def __enter__(self) -> "EngineLab":
         return self
@@ -356,6 +369,8 @@ class ModelLab(EngineLab):
 
 class VerbsLab(EngineLab):
     """This machine's RDMA devices as one host (what a host agent runs)."""
+
+    capabilities = frozenset({KERNEL_ULP})
 
     def stalled_ns(self, host: str, from_ns: int, to_ns: int) -> int:
         self.host(host)

@@ -1,0 +1,13 @@
+"""Workloads: kernel ULPs driven across two hosts of a lab, beside its hosts and faults
+(Jepsen's client next to its nemesis). A workload sets up a target on one host and an
+initiator on another, drives I/O, reports the state the kernel gives its units, and tears
+down; its steps, states and I/O are history records (records.py).
+
+Each workload has a controller side (nvme.py: NvmeOf) and a host side run in the host's agent
+through Lab.run_on (nvme_host.py, ledger.py, host.py). A lab without kernel ULPs (the model)
+refuses with FaultNotSupported (capability kernel_ulp), which the plugin reports as a skip."""
+
+from .nvme import NvmeOf
+from .records import IO, IO_VERIFY, ULP_STATE, WORKLOAD
+
+__all__ = ["NvmeOf", "IO", "IO_VERIFY", "ULP_STATE", "WORKLOAD"]

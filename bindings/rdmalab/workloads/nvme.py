@@ -1,0 +1,112 @@
+"""NVMe over Fabrics as a workload: nvmet-rdma on the target host, nvme-rdma on the initiator
+(rdmalab.workloads.nvme_host does the host side).
+
+    nvme = NvmeOf(lab, target="a", initiator="b", keep_alive_tmo=5, ctrl_loss_tmo=30)
+    nvme.setup()                 # target exported, initiator connected, controller live
+    nvme.start_io()              # the durability ledger writes (rdmalab.workloads.ledger)
+    ...                          # faults
+    nvme.wait_state("live", 60)  # recovered
+    nvme.stop_io(); assert nvme.verify()["lost_count"] == 0
+    nvme.teardown()              # disconnect, target removed
+
+Timeouts are the kernel's fabrics options (drivers/nvme/host/fabrics.c, nvme-connect(1)), in
+seconds; None leaves the kernel's default (keep-alive 5 s on 6.1, reconnect-delay 10 s,
+ctrl-loss 600 s, fast_io_fail off)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .base import Workload
+
+MODULE = "rdmalab.workloads.nvme_host"
+NVMF_PORT = 4420  # the IANA port of NVMe over Fabrics (RDMA/CM's service id)
+LEDGER = "rdmalab.workloads.ledger"
+DISK_SERIAL = "rdmalab-disk"  # the VM lab's spare disk, kept across a guest's reboots
+
+
+class NvmeOf(Workload):
+    kind = "nvme"
+    module = MODULE
+
+    def __init__(self, lab, target: str = "a", initiator: str = "b", *,
+                 nqn: str = "nqn.2026-11.io.rdmalab:nvme", port: int = NVMF_PORT,
+                 backing: str = "null_blk", size_mb: int = 64,
+                 keep_alive_tmo: Optional[int] = 5, reconnect_delay: Optional[int] = 2,
+                 ctrl_loss_tmo: Optional[int] = 60, fast_io_fail_tmo: Optional[int] = None):
+        super().__init__(lab, target, initiator)
+        if backing not in ("null_blk", "disk"):
+            raise ValueError(f"nvme backing {backing!r}: null_blk (a RAM disk, gone with a "
+                             "reboot of the target) or disk (the host's spare disk)")
+        self.nqn, self.port, self.backing, self.size_mb = nqn, port, backing, size_mb
+        self.timeouts = {"keep_alive_tmo": keep_alive_tmo, "reconnect_delay": reconnect_delay,
+                         "ctrl_loss_tmo": ctrl_loss_tmo, "fast_io_fail_tmo": fast_io_fail_tmo}
+        self.ctrl = self.device = ""
+        self._ledger: Optional[int] = None       # the ledger writing now
+        self._last_ledger: Optional[int] = None  # the one verify reads back
+
+    # -- set up and tear down
+    def setup(self, deadline_s: float = 120.0) -> None:
+        """The target exports its backing device; the initiator connects; its controller is
+        live and its namespace's block device there."""
+        self.export()
+        self.connect(deadline_s)
+
+    def export(self) -> None:
+        if self.backing == "null_blk":
+            dev = self.on(self.target, "null_blk", self.size_mb)["device"]
+        else:
+            dev = self.on(self.target, "disk_by_serial", DISK_SERIAL)["device"]
+        self.on(self.target, "target_up", self.nqn, dev, self.lab.address_of(self.target),
+                self.port)
+
+    def connect(self, deadline_s: float = 120.0) -> None:
+        got = self.on(self.initiator, "connect", self.nqn, self.lab.address_of(self.target),
+                      self.port, self.timeouts, deadline_s, deadline_s=deadline_s + 30)
+        self.ctrl, self.device = got["ctrl"], got["device"]
+        self.wait_state("live", deadline_s)
+
+    def teardown(self, deadline_s: float = 120.0) -> None:
+        """Disconnects (within deadline_s, else WorkloadError) and removes the target."""
+        if self._ledger is not None:
+            self.stop_io()
+        try:
+            if self.ctrl:
+                self.on(self.initiator, "disconnect", self.nqn, deadline_s,
+                        deadline_s=deadline_s + 30)
+        finally:
+            self.on(self.target, "target_down", self.nqn)
+
+    # -- state
+    def state(self) -> str:
+        """The initiator's controller state as the kernel says it now (live, connecting,
+        resetting, deleting, ...; "gone" when the controller is deleted)."""
+        return self.on(self.initiator, "state", self.ctrl)["state"]
+
+    def wait_state(self, state: str, timeout_s: float) -> float:
+        """Seconds until the controller is in state; Hung past timeout_s."""
+        return self.wait_for(lambda: self.state() == state, timeout_s,
+                             f"{self.ctrl or 'the nvme controller'} on {self.initiator} "
+                             f"{state}")
+
+    # -- I/O
+    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
+        """The durability ledger writes blocks of the namespace from now on."""
+        self._ledger = self._last_ledger = self.on(
+            self.initiator, "start", self.kind, self.device, blocks, seed,
+            module=LEDGER)["ledger"]
+
+    def stop_io(self, deadline_s: float = 30.0) -> dict:
+        """Stops the ledger's writes: ok, errors, first_error, and blocked (a write still in
+        the kernel after deadline_s, for blocked_ns)."""
+        ledger, self._ledger = self._ledger, None
+        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
+                       deadline_s=deadline_s + 30)
+
+    def verify(self) -> dict:
+        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
+        if self._last_ledger is None:
+            raise ValueError("nvme verify: no I/O was started (start_io)")
+        if self._ledger is not None:
+            self.stop_io()
+        return self.on(self.initiator, "verify", self._last_ledger, module=LEDGER)

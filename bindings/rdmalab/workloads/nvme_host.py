@@ -1,0 +1,192 @@
+"""The host side of the NVMe over Fabrics workload (rdmalab.workloads.nvme), run in a host's
+agent.
+
+The target is nvmet-rdma configured through configfs, the layout nvmetcli writes
+(drivers/nvme/target/configfs.c): a subsystem that allows any host, one namespace on a block
+device, one RDMA port bound to it. The initiator connects with nvme-cli (`nvme connect -t rdma`
+with the scenario's keep-alive, reconnect-delay and ctrl-loss timeouts; fast_io_fail_tmo, which
+nvme-cli 2.3 has no option for, through the controller's sysfs attribute), and its controller's
+state file is watched (Watcher: `ulp_state` records)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+from .host import (StepFailed, Watcher, answered, configfs, modprobe, read_attr, run, step,
+                   write_attr)
+
+WORKLOAD = "nvme"
+PORT_ID = "1"  # the configfs port's name; the scenario's trsvcid is its address
+_WATCHERS: dict[str, Watcher] = {}
+
+
+def _nvmet() -> str:
+    return os.path.join(configfs(), "nvmet")
+
+
+def _mkdir(path: str) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StepFailed(f"mkdir {path}", e.errno or 0, e.strerror or "") from None
+
+
+@answered
+def null_blk(lab, size_mb: int) -> dict:
+    """A memory-backed null_blk device (configfs nullb): a RAM disk that keeps what is written
+    while its host is up. Its path."""
+    with step(lab, WORKLOAD, "null_blk", size_mb=size_mb):
+        # nr_devices=0: no nullb0 of the module's own; ours is made through configfs.
+        run(["modprobe", "null_blk", "nr_devices=0"], 60.0, "modprobe null_blk")
+        root = os.path.join(configfs(), "nullb", "rdmalab")
+        _mkdir(root)
+        for attr, value in (("size", str(size_mb)), ("memory_backed", "1"),
+                            ("blocksize", "4096"), ("power", "1")):
+            if read_attr(os.path.join(root, attr)) != value:
+                write_attr(os.path.join(root, attr), value)
+        name = read_attr(os.path.join(root, "index"))
+        return {"device": f"/dev/nullb{name}"}
+
+
+@answered
+def disk_by_serial(lab, serial: str) -> dict:
+    """The virtio disk whose serial is this (the VM lab's spare disk, kept across reboots)."""
+    for path in glob.glob("/sys/block/*/serial"):
+        if read_attr(path) == serial:
+            return {"device": "/dev/" + path.split("/")[3]}
+    return {"failed": {"step": "disk", "errno": 0,
+                       "detail": f"no block device with serial {serial!r} on this host"}}
+
+
+@answered
+def target_up(lab, nqn: str, device: str, address: str, port: int) -> dict:
+    """Exports device as namespace 1 of subsystem nqn on an RDMA port at address:port."""
+    with step(lab, WORKLOAD, "target_up", nqn=nqn, device=device, traddr=address,
+              trsvcid=port):
+        modprobe("nvmet", "nvmet-rdma")
+        root = _nvmet()
+        sub = os.path.join(root, "subsystems", nqn)
+        _mkdir(sub)
+        write_attr(os.path.join(sub, "attr_allow_any_host"), "1")
+        ns = os.path.join(sub, "namespaces", "1")
+        _mkdir(ns)
+        if read_attr(os.path.join(ns, "enable")) != "1":
+            write_attr(os.path.join(ns, "device_path"), device)
+            write_attr(os.path.join(ns, "enable"), "1")
+        p = os.path.join(root, "ports", PORT_ID)
+        _mkdir(p)
+        for attr, value in (("addr_trtype", "rdma"), ("addr_adrfam", "ipv4"),
+                            ("addr_traddr", address), ("addr_trsvcid", str(port))):
+            if read_attr(os.path.join(p, attr)) != value:
+                write_attr(os.path.join(p, attr), value)
+        link = os.path.join(p, "subsystems", nqn)
+        if not os.path.islink(link):
+            try:
+                os.symlink(sub, link)
+            except OSError as e:
+                raise StepFailed(f"bind {nqn} to port {PORT_ID}", e.errno or 0,
+                                 e.strerror or "") from None
+        return {"subsystem": sub}
+
+
+@answered
+def target_down(lab, nqn: str) -> dict:
+    """Undoes target_up, innermost first (the port's link, the port, the namespace, the
+    subsystem): what is already gone is skipped."""
+    with step(lab, WORKLOAD, "target_down", nqn=nqn):
+        root = _nvmet()
+        sub = os.path.join(root, "subsystems", nqn)
+        p = os.path.join(root, "ports", PORT_ID)
+        for path, undo in ((os.path.join(p, "subsystems", nqn), os.unlink), (p, os.rmdir),
+                           (os.path.join(sub, "namespaces", "1", "enable"), None),
+                           (os.path.join(sub, "namespaces", "1"), os.rmdir), (sub, os.rmdir)):
+            if not os.path.lexists(path):
+                continue
+            try:
+                if undo is None:
+                    write_attr(path, "0")
+                else:
+                    undo(path)
+            except OSError as e:
+                raise StepFailed(f"remove {path}", e.errno or 0, e.strerror or "") from None
+        return {}
+
+
+def _controllers(nqn: str) -> list[str]:
+    return sorted(os.path.basename(os.path.dirname(p))
+                  for p in glob.glob("/sys/class/nvme/nvme*/subsysnqn")
+                  if read_attr(p) == nqn and read_attr(os.path.join(os.path.dirname(p),
+                                                                    "transport")) == "rdma")
+
+
+def _namespace(ctrl: str) -> str:
+    """The block device of the controller's namespace 1 (nvmeXnY; with native multipath the
+    head device nvmeSnY is what I/O goes to)."""
+    heads = glob.glob(f"/sys/class/nvme/{ctrl}/nvme*c*n1") + \
+        glob.glob(f"/sys/class/nvme/{ctrl}/nvme*n1")
+    for path in heads:
+        name = os.path.basename(path)
+        if "c" in name[4:]:  # a path device nvmeScCnN: its head is nvmeSnN
+            s, rest = name[4:].split("c", 1)
+            name = f"nvme{s}n{rest.split('n', 1)[1]}"
+        if os.path.exists(f"/dev/{name}"):
+            return f"/dev/{name}"
+    raise StepFailed("namespace", 0, f"{ctrl} shows no namespace 1")
+
+
+@answered
+def connect(lab, nqn: str, address: str, port: int, timeouts: dict,
+            deadline_s: float) -> dict:
+    """nvme connect -t rdma to the target, with the scenario's timeouts; its controller and
+    namespace device; a Watcher follows the controller's state from here on."""
+    with step(lab, WORKLOAD, "connect", nqn=nqn, traddr=address, trsvcid=port,
+              **timeouts) as data:
+        modprobe("nvme-rdma")
+        argv = ["nvme", "connect", "-t", "rdma", "-a", address, "-s", str(port), "-n", nqn]
+        for opt, key in (("--keep-alive-tmo", "keep_alive_tmo"),
+                         ("--reconnect-delay", "reconnect_delay"),
+                         ("--ctrl-loss-tmo", "ctrl_loss_tmo")):
+            if timeouts.get(key) is not None:
+                argv.append(f"{opt}={timeouts[key]}")
+        run(argv, deadline_s, "nvme connect")
+        ctrls = _controllers(nqn)
+        if not ctrls:
+            raise StepFailed("nvme connect", 0, f"no rdma controller of {nqn} in sysfs after "
+                             "nvme connect returned")
+        ctrl = ctrls[-1]
+        if timeouts.get("fast_io_fail_tmo") is not None:
+            write_attr(f"/sys/class/nvme/{ctrl}/fast_io_fail_tmo",
+                       str(timeouts["fast_io_fail_tmo"]))
+        end = time.monotonic() + deadline_s
+        while True:  # the namespace's block device appears after the scan
+            try:
+                device = _namespace(ctrl)
+                break
+            except StepFailed:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+        data.update(ctrl=ctrl, device=device)
+        old = _WATCHERS.pop(ctrl, None)
+        if old is not None:
+            old.stop()
+        _WATCHERS[ctrl] = Watcher(lab, WORKLOAD, ctrl, f"/sys/class/nvme/{ctrl}/state")
+        return {"ctrl": ctrl, "device": device}
+
+
+@answered
+def state(lab, ctrl: str) -> dict:
+    """The controller's state as its sysfs file says now ("gone" when it is not there)."""
+    return {"state": read_attr(f"/sys/class/nvme/{ctrl}/state") or "gone"}
+
+
+@answered
+def disconnect(lab, nqn: str, deadline_s: float) -> dict:
+    """nvme disconnect -n nqn: every controller of the subsystem deleted."""
+    with step(lab, WORKLOAD, "disconnect", nqn=nqn):
+        out = run(["nvme", "disconnect", "-n", nqn], deadline_s, "nvme disconnect")
+        return {"said": out.strip()[-300:]}
