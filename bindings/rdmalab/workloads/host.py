@@ -41,7 +41,7 @@ def step(lab, workload: str, name: str, **data):
         yield data
     except (StepFailed, OSError) as e:
         err = e.errno if isinstance(e.errno, int) else 0
-        detail = e.detail if isinstance(e, StepFailed) else str(e)
+        detail = f"{e.step}: {e.detail}" if isinstance(e, StepFailed) else str(e)
         lab.record(records.WORKLOAD, object=workload, host=host_name(lab), step=name, ok=False,
                    took_ns=time.monotonic_ns() - t0, error=detail, errno=err, **data)
         raise

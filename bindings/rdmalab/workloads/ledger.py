@@ -100,11 +100,12 @@ class Ledger:
                 last = time.monotonic()
 
     def stop(self, deadline_s: float) -> dict:
-        """Stops writing; a write blocked in the kernel past the deadline is reported."""
+        """Stops writing: written (acknowledged writes), errors, first_error, and blocked (a
+        write still in the kernel after deadline_s, for blocked_ns)."""
         self._stop.set()
         self._thread.join(deadline_s)
         blocked = self._thread.is_alive()
-        return {"ok": self.ok, "errors": self.errors, "first_error": self.first_error,
+        return {"written": self.ok, "errors": self.errors, "first_error": self.first_error,
                 "blocked": blocked, "blocked_ns": (time.monotonic_ns() - self.in_write_since)
                 if blocked and self.in_write_since else 0}
 

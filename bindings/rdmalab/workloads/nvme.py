@@ -97,8 +97,8 @@ class NvmeOf(Workload):
             module=LEDGER)["ledger"]
 
     def stop_io(self, deadline_s: float = 30.0) -> dict:
-        """Stops the ledger's writes: ok, errors, first_error, and blocked (a write still in
-        the kernel after deadline_s, for blocked_ns)."""
+        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
+        (a write still in the kernel after deadline_s, for blocked_ns)."""
         ledger, self._ledger = self._ledger, None
         return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
                        deadline_s=deadline_s + 30)
