@@ -175,17 +175,33 @@ def test_the_model_refuses_a_workload_by_name():
             lab.run_on("a", "rdmalab.workloads.host", "host_name")
 
 
+class UlpLab:
+    """A lab with kernel ULPs whose hosts answer boot_id: kernels of their own, or one."""
+    description = "fake"
+
+    def __init__(self, one_kernel=False):
+        self.one_kernel = one_kernel
+
+    def has(self, capability):
+        return True
+
+    def host(self, name):
+        if name not in ("a", "b"):
+            raise KeyError(f"no host {name!r}; hosts: a, b")
+
+    def run_on(self, host, module, function, *args, deadline_s):
+        assert (module, function) == ("rdmalab.workloads.host", "boot_id")
+        return {"boot_id": "one" if self.one_kernel else host}
+
+
+def test_nvme_on_namespaces_of_one_kernel_is_refused_with_the_reason():
+    with pytest.raises(FaultNotSupported) as e:
+        NvmeOf(UlpLab(one_kernel=True))
+    assert "init_net" in str(e.value) and "network namespaces of one kernel" in str(e.value)
+    assert NvmeOf(UlpLab()).initiator == "b"
+
+
 def test_bad_workload_arguments_are_named():
-    class UlpLab:
-        description = "fake"
-
-        def has(self, capability):
-            return True
-
-        def host(self, name):
-            if name not in ("a", "b"):
-                raise KeyError(f"no host {name!r}; hosts: a, b")
-
     with pytest.raises(ValueError, match="both 'a'"):
         NvmeOf(UlpLab(), target="a", initiator="a")
     with pytest.raises(KeyError, match="no host 'c'"):

@@ -55,5 +55,11 @@ class Workload:
         self.lab.wait_until(throttled, int(timeout_s * 1e9), what)
         return time.monotonic() - t0
 
+    def one_kernel(self) -> bool:
+        """Whether target and initiator are network namespaces of one kernel (the netns lab)."""
+        ids = {self.on(h, "boot_id", module="rdmalab.workloads.host")["boot_id"]
+               for h in (self.target, self.initiator)}
+        return len(ids) == 1
+
     def record(self, kind: str, host: Optional[str] = None, **data) -> int:
         return self.lab.record(kind, object=self.kind, host=host or "", **data)

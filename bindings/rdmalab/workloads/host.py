@@ -149,3 +149,9 @@ def answered(fn: Callable) -> Callable:
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper
+
+
+@answered
+def boot_id(lab) -> dict:
+    """This kernel's boot id: two hosts with one are network namespaces of one kernel."""
+    return {"boot_id": read_attr("/proc/sys/kernel/random/boot_id") or ""}

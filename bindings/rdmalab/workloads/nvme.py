@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..errors import FaultNotSupported
 from .base import Workload
 
 MODULE = "rdmalab.workloads.nvme_host"
@@ -35,6 +36,12 @@ class NvmeOf(Workload):
                  keep_alive_tmo: Optional[int] = 5, reconnect_delay: Optional[int] = 2,
                  ctrl_loss_tmo: Optional[int] = 60, fast_io_fail_tmo: Optional[int] = None):
         super().__init__(lab, target, initiator)
+        if self.one_kernel():
+            raise FaultNotSupported("nvme", f"{target} and {initiator} are network namespaces "
+                                    "of one kernel: nvmet-rdma and nvme-rdma make their RDMA/CM "
+                                    "ids in the initial namespace (rdma_create_id(&init_net, "
+                                    "...), drivers/nvme/target/rdma.c and host/rdma.c), where "
+                                    "the hosts' addresses are not")
         if backing not in ("null_blk", "disk"):
             raise ValueError(f"nvme backing {backing!r}: null_blk (a RAM disk, gone with a "
                              "reboot of the target) or disk (the host's spare disk)")
