@@ -1,33 +1,34 @@
 """AgentLab: the agent lab's Lab (rdmalab.protocol), its hosts a pool's machines (labs.agent.pool)
-each running the host agent. Its records half (following the hosts, lost hosts, the history)
-is its base class, LabRecords (labs.agent.records)."""
+each running the host agent. Its history (following the hosts, lost hosts, records merged from
+outside) is a LabHistory it holds (labs.agent.records)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from ... import progress
-from ...errors import FaultNotSupported, HostLost, Hung
+from ...errors import FaultNotSupported, Hung
 from ...errors import duration_ns as duration_of
+from ...faults import records as wire_records
 from ...protocol import WIRE_PLACEMENT
 from ...agent.remote import Agent
 from ...agent.serve import stacks_path
 from ...machines.machine import SOFT_DEVICES, WIRE_NFT_BRIDGE, WIRE_NFTABLES
-from .common import (FOLLOW_WAIT_S, HISTORY_TAIL, POLL_S, STUCK_DUMP_CHARS, STUCK_DUMP_S,
-                     device_label)
+from .common import HISTORY_TAIL, POLL_S, STUCK_DUMP_CHARS, STUCK_DUMP_S, device_label
 from .faults import AgentFaults
 from .process import AgentProcess
-from .records import LabRecords
+from .records import LabHistory, kernel_holds
 
 if TYPE_CHECKING:
     from .pool import AgentPool
 
 
-class AgentLab(LabRecords):
+class AgentLab:
     """A Lab (rdmalab.protocol) whose hosts are a pool's machines, every host's objects in
     that machine's agent. A host whose agent stops answering mid-scenario (a crash, a reboot
     nobody asked for, a lost SSH session) is recorded as lost, with every record it had
@@ -51,36 +52,24 @@ class AgentLab(LabRecords):
         self.pool, self.seed = pool, seed
         self.description = pool.description
         self.replay = ""
-        self._t0 = time.monotonic_ns()
+        t0_ns = time.monotonic_ns()
         self._agents = dict(zip(names, pool.agents))
         self._machines = dict(zip(names, pool.machines))
+        self._history = LabHistory(self._machines, self.agent_for, t0_ns, self._other_records)
         self.addresses = {n: m.facts.data_address for n, m in self._machines.items()}
         for name, agent in self._agents.items():
             agent.new_lab(seed, name, self.addresses)
             mname = self._machines[name].name
             pool.used[mname] = pool.used.get(mname, 0) + 1  # labs since its boot
         self._faults = AgentFaults(self)
-        self._records: list[dict] = []
-        self._archived: list[dict] = []  # records of agents gone (a reboot, a kill, a loss)
-        self._merged: list[dict] = []  # records from outside the agents (evidence: wire, kmsg)
-        self._followed: dict[str, list[dict]] = {n: [] for n in names}  # each host's records
-        # Hosts whose agent's records were moved to the archive (a reboot under way, shutdown):
-        # not fetched again, or the follower would take them all a second time from seq 0.
-        self._sealed: set[str] = set()
-        self._lost: dict[str, dict] = {}
         self._procs: list[AgentProcess] = []  # killable processes (agents of their own)
         self._hosts: dict[str, tuple] = {}  # name -> (its agent's lab, that lab's Host)
         self._shutdown_hooks: list[Callable[["AgentLab"], None]] = []
-        self._lock = threading.RLock()
         self._shut = False
         self.record("lab_start", object="lab", lab=self.description,
                     machines={n: m.name for n, m in self._machines.items()}, healed=healed,
                     kernels={n: pool.kernels.get(m.name, "") for n, m in self._machines.items()})
-        self._stop_follow = threading.Event()
-        self._followers = [threading.Thread(target=self._follow, args=(n,), daemon=True,
-                                            name=f"follow-{n}") for n in names]
-        for t in self._followers:
-            t.start()
+        self._history.follow()
 
     # -- what this lab can do (rdmalab.protocol)
     @property
@@ -137,7 +126,7 @@ class AgentLab(LabRecords):
         if name not in self._agents:
             raise KeyError(f"no host {name!r} in {self.description}; hosts: "
                            f"{', '.join(self._agents)}")
-        self._check_lost(name)
+        self._history.check_lost(name)
         agent_lab = self._agents[name].lab
         kept = self._hosts.get(name)
         if kept is None or kept[0] is not agent_lab:  # asked once per agent lab: a round trip
@@ -169,7 +158,7 @@ class AgentLab(LabRecords):
         if host not in self._agents:
             raise KeyError(f"no host {host!r} in {self.description}; hosts: "
                            f"{', '.join(self._agents)}")
-        proc = AgentProcess(self, host, name)
+        proc = AgentProcess(self, host, name, self._history)
         self._procs.append(proc)
         self.record("process_start", object=f"proc:{name}", host=host, pid=proc.pid)
         return proc
@@ -218,8 +207,7 @@ class AgentLab(LabRecords):
         end = start + timeout_ns
         with progress.Waiting(f"waiting for {what}", timeout_ns / 1e9):
             while not pred():
-                if self._lost:
-                    raise HostLost(*next(iter(self._lost.items())))
+                self._history.check_lost()
                 if self.now_ns >= end:
                     raise Hung(what, self.diagnostic(f"waited {timeout_ns} ns for {what}"))
                 time.sleep(POLL_S)
@@ -275,16 +263,15 @@ class AgentLab(LabRecords):
     def _renew_agent(self, name: str) -> None:
         agent, m = self._agents[name], self._machines[name]
         t0 = time.monotonic()
-        self._archive_host(name)
+        self._history.archive_host(name)
         try:
             agent.close_lab()  # Hung if its shutdown is stuck: the device stays held
         finally:
             agent.close(deadline_s=5.0)
         new = self.pool.renew_agent(agent, m)
         new.new_lab(self.seed, name, self.addresses)
-        with self._lock:
-            self._agents[name] = new
-            self._sealed.discard(name)  # the new agent's records, from its seq 0
+        self._agents[name] = new
+        self._history.follow_new_agent(name)
         self.record("agent_restart", object="host", host=name, machine=m.name,
                     old_pid=agent.pid, pid=new.pid, agent_s=round(time.monotonic() - t0, 3))
 
@@ -295,7 +282,7 @@ class AgentLab(LabRecords):
         if not m.can_power:
             raise FaultNotSupported("reboot", f"host {name} ({m.name}) has no power commands "
                                     "(the inventory's power = {on, off, cycle})")
-        self._archive_host(name)
+        self._history.archive_host(name)
         self.record("fault", object="host", host=name, fault="reboot", down_ns=down_ns,
                     machine=m.name)
         agent.broken = "its machine was powered off by a reboot fault"
@@ -312,20 +299,19 @@ class AgentLab(LabRecords):
         self.pool.warm_data_path()  # the peers' entries for it too (AgentPool.restart)
         new.new_lab(self.seed, name, self.addresses)
         self.pool.used[m.name] = 1  # this lab, on a fresh boot
-        with self._lock:
-            self._agents[name] = new
-            self._sealed.discard(name)  # the new agent's records, from its seq 0
+        self._agents[name] = new
+        self._history.follow_new_agent(name)
         self.record("host_back", object="host", host=name, boot_s=round(boot_s, 3),
                     agent_s=round(agent_s, 3),
                     agent_shipped=bool(inst is not None and getattr(inst, "copied", False)))
 
     # -- diagnostics
     def dump_state(self) -> str:
-        lines = []
+        lines, lost = [], self._history.lost()
         for name, agent in self._agents.items():
             m = self._machines[name]
-            if name in self._lost:
-                lines.append(f"host {name} = {m.name}: LOST {self._lost[name]}")
+            if name in lost:
+                lines.append(f"host {name} = {m.name}: LOST {lost[name]}")
                 continue
             procs = [p.name for p in agent.lab.host(name).processes] if agent.lab else []
             procs += [f"{p.name} (pid {p.pid}{'' if p.alive else ', killed'})"
@@ -344,7 +330,7 @@ class AgentLab(LabRecords):
 
     def check_errors(self) -> None:
         for name, agent in self._agents.items():
-            self._check_lost(name)
+            self._history.check_lost(name)
             if agent.lab is not None:
                 agent.lab.check_errors()
         for proc in self._procs:
@@ -373,6 +359,45 @@ class AgentLab(LabRecords):
         print(f"rdmalab: {name} ({m.name}): agent pid {pid} stuck ({agent.broken}); its "
               f"threads:\n{text}", file=sys.stderr)
 
+    # -- the history (its LabHistory)
+    @property
+    def t0_ns(self) -> int:
+        """The lab's start on the controller's CLOCK_MONOTONIC: t_ns 0 of its history."""
+        return self._history.t0_ns
+
+    def record(self, kind: str, object: str = "scenario", host: str = "", **data) -> int:
+        return self._history.record(kind, object, host, **data)
+
+    def history(self, since_seq: int = 0) -> list[dict]:
+        """Every host's records and the controller's, on the lab's time line (LabHistory)."""
+        return self._history.history(since_seq)
+
+    def write_history(self, path: Union[str, os.PathLike]) -> None:
+        self._history.write(path)
+
+    def merge_records(self, records: list[dict]) -> None:
+        """Records made outside the agents (rdmalab.report.evidence: `wire` frames of the capture,
+        `kernel_log` splat lines), merged into the history (LabHistory.merge)."""
+        self._history.merge(records)
+
+    def _other_records(self) -> list[dict]:
+        """What no follower fetches: the killable processes' records (agents of their own) and
+        the fault switch's (it runs on this machine's clock)."""
+        records = [r for proc in self._procs for r in proc.records()]
+        return records + [wire_records.from_switch(r, self.t0_ns)
+                          for r in self._faults.switch_history()]
+
+    def lost_hosts(self) -> dict[str, dict]:
+        """host -> what is known of its loss (machine, at_ns, error, records_kept). Asks each
+        live agent once, so a loss is known as soon as the scenario's call failed."""
+        if not self._shut:
+            self._history.fetch_all()
+        return self._history.lost()
+
+    def kernel_resources(self, host: str, pids: set[int]) -> dict[str, int]:
+        """What the host's kernel still holds for these pids, by kind (records.kernel_holds)."""
+        return kernel_holds(self.agent_for(host), self._machines[host], pids)
+
     # -- lifetime
     def shutdown(self) -> None:
         if self._shut:
@@ -386,15 +411,15 @@ class AgentLab(LabRecords):
             errors.append(e)
         finally:
             for proc in self._procs:  # their own agents, before the hosts' agents
-                self._archive(proc.records, proc._host_name, f"proc:{proc.name}")
+                self._history.archive(proc.records, proc._host_name, f"proc:{proc.name}")
                 try:
                     proc.close()
                 except Exception as e:
                     errors.append(e)
             for name, agent in self._agents.items():
                 # The history outlives the lab: kept past the agent's lab.
-                self._archive_host(name)
-                if name in self._lost:
+                self._history.archive_host(name)
+                if name in self._history.lost():
                     continue  # nothing to close there; the pool restarts it
                 try:
                     agent.close_lab()
@@ -403,9 +428,7 @@ class AgentLab(LabRecords):
                         self.record_stuck(name, agent)
                     agent.broken = agent.broken or f"lab shutdown failed: {e}"
                     errors.append(e)
-            self._stop_follow.set()
-            for t in self._followers:
-                t.join(FOLLOW_WAIT_S + 5.0)
+            self._history.stop()
             try:
                 self._faults.restore_devices()  # contexts closed: removals can finish
             except Exception as e:
@@ -415,7 +438,7 @@ class AgentLab(LabRecords):
                     hook(self)
                 except Exception as e:
                     errors.append(e)
-        if errors and not self._lost:
+        if errors and not self._history.lost():
             raise errors[0]
 
     def __enter__(self) -> "AgentLab":

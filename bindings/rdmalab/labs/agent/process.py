@@ -12,16 +12,19 @@ from ...agent.remote import Agent
 
 if TYPE_CHECKING:
     from .lab import AgentLab
+    from .records import LabHistory
 
 
 class AgentProcess:
     """A process of an agent host that is an OS process of its own: a second agent on the
     machine (python over its own SSH session), whose verbs lab has just this process. Its
     objects live there, so kill() is a real SIGKILL: the host's kernel releases them (uverbs,
-    ucma) as it does for any process that dies."""
+    ucma) as it does for any process that dies. history is the lab's LabHistory: it reads
+    this process's records and keeps them past a kill."""
 
-    def __init__(self, lab: "AgentLab", host: str, name: str):
+    def __init__(self, lab: "AgentLab", host: str, name: str, history: "LabHistory"):
         self._lab, self.name, self._host_name = lab, name, host
+        self._history = history
         self._agent = lab.pool.start_agent(lab.machine_of(host))
         try:
             self._agent.new_lab(lab.seed, host, lab.addresses)
@@ -71,14 +74,14 @@ class AgentProcess:
         self._tids |= {int(t) for t in tids}
 
     def records(self) -> list[dict]:
-        return [] if self._killed else self._lab._agent_records(self._agent)
+        return [] if self._killed else self._history.agent_records(self._agent)
 
     def kill(self) -> None:
         """SIGKILL from the host's main agent; returns once the process is gone (its pid no
         longer in /proc). Its history so far is kept; nothing it would have recorded after."""
         if self._killed:
             return
-        self._lab._archive(self.records, self._host_name, f"proc:{self.name}")
+        self._history.archive(self.records, self._host_name, f"proc:{self.name}")
         self._lab.record("fault", object=f"proc:{self.name}", host=self._host_name,
                          fault="kill", pid=self.pid)
         self._note_threads()
