@@ -19,8 +19,8 @@ Collector(lab, dir, ...).begin() at the lab's start, .scenario_end() before its 
 .finish() after it. Every host is asked through its agent with a deadline: a host lost mid-run
 gets a note in the manifest, never a hang. The bundle's rooms: this module (the Collector: the
 three points, the agents asked at once, the manifest), rdmalab.report.evidence_host (what the
-agents run), evidence_wire (the capture and its `wire` records), evidence_kernel (the kernel
-logs and their splats).
+agents run), evidence_wire (the capture and its `wire` records: a WireCapture), evidence_kernel
+(the kernel logs and their splats: a KernelLogs).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from ..errors import Hung
 from ..machines import rdma_res
-from .evidence_kernel import KernelEvidence
+from .evidence_kernel import KernelLogs
 from .evidence_wire import WireCapture
 
 HOST_DEADLINE_S = 10.0     # one agent call (rdma res and kmsg on a TCG guest take ~0.1 s)
@@ -47,28 +47,25 @@ _DEADLINE_S = {"host_end": KMSG_DEADLINE_S}
 HOST_MODULE = "rdmalab.report.evidence_host"  # what the agents run, by name
 
 
-class Collector(KernelEvidence):
+class Collector:
     """One lab's evidence (see the module's doc). registry: rdmalab.findings.registry.Registry whose
     kernel_log entries may expect a splat on a host's driver and kernel."""
 
     def __init__(self, lab, directory, *, scenario: str, column: str, registry=None,
                  log: Callable[[str], None] = lambda m: None):
         self.lab, self.dir = lab, pathlib.Path(directory)
-        self.scenario, self.column, self.registry, self.log = scenario, column, registry, log
+        self.scenario, self.column, self.log = scenario, column, log
         self.hosts = list(lab.addresses)
         self.files: dict[str, str] = {}
         self.errors: list[str] = []
         self.caps: dict[str, str] = {}
-        self.splats: list[dict] = []
-        self._marks: dict[str, dict] = {}
         self._clock: Optional[tuple[int, int, int]] = None  # (realtime, monotonic, offset)
         self._capture = WireCapture(lab, self.hosts, self.dir, self._agent_call, self.caps,
                                     self.files)
+        self._kernels = KernelLogs(lab, self.hosts, registry=registry, parallel=self._parallel,
+                                   agent_call=self._agent_call, write=self._write,
+                                   errors=self.errors, caps=self.caps)
         self._cost_s = 0.0
-        machines = [lab.machine_of(h) for h in self.hosts]
-        kernels = {m.kernel_machine.name for m in machines}
-        # The netns lab's hosts are namespaces on one kernel: its log is read once.
-        self.shared_kernel = len(machines) > 1 and len(kernels) == 1
 
     # -- helpers
     def _device(self, host: str) -> str:
@@ -128,7 +125,7 @@ class Collector(KernelEvidence):
         """At the lab's start: kernel-log marks, `rdma res` before, the capture started."""
         t = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
-        kmsg_hosts = self.hosts[:1] if self.shared_kernel else self.hosts
+        kmsg_hosts = self._kernels.mark_hosts()
         got = self._parallel([(h, "begin", self._agent_call(h, "host_begin", h in kmsg_hosts,
                                                             self._device(h)))
                               for h in self.hosts])
@@ -140,7 +137,7 @@ class Collector(KernelEvidence):
                        f"`rdma -j res show` ({', '.join(rdma_res.KINDS)}) on {host} at the "
                        "lab's start")
             if r.get("kmsg") is not None:
-                self._marks[host] = r["kmsg"]
+                self._kernels.mark(host, r["kmsg"])
             if self._clock is None:
                 rt, mono = r["clock"]
                 self._clock = (rt, mono, self.lab.agent_for(host).offset_ns)
@@ -172,7 +169,7 @@ class Collector(KernelEvidence):
             records += self._capture.stop(self._clock)
         except Exception as e:
             self.errors.append(f"capture: {type(e).__name__}: {e}")
-        records += self._kernel_logs()
+        records += self._kernels.read()
         self.lab.merge_records(records)
         switch = self.lab.faults.switch_history()
         if switch:
@@ -181,7 +178,7 @@ class Collector(KernelEvidence):
                         "the fault switch's rule records (switch_* in the history)")
         self._cost_s += time.monotonic() - t
         self.write_manifest()
-        return self.splats
+        return self._kernels.splats
 
     def write_history(self, source: Optional[str] = None) -> None:
         """history.jsonl: a copy of the file the run wrote (source), else the lab's own."""
@@ -197,8 +194,9 @@ class Collector(KernelEvidence):
         kernels = {h: self.lab.pool.kernels.get(self.lab.machine_of(h).name, "")
                    for h in self.hosts}
         manifest = {"scenario": self.scenario, "column": self.column, "lab":
-                    self.lab.description, "kernel": kernels, "shared_kernel": self.shared_kernel,
-                    "files": dict(sorted(self.files.items())), "splats": self.splats,
+                    self.lab.description, "kernel": kernels,
+                    "shared_kernel": self._kernels.shared_kernel,
+                    "files": dict(sorted(self.files.items())), "splats": self._kernels.splats,
                     "capped": self.caps, "errors": self.errors,
                     "cost_s": round(self._cost_s, 3)}
         (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n",
