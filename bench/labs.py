@@ -130,9 +130,11 @@ def pool_ready(kind: str) -> float:
     """Seconds from nothing to an agent pool of two rxe hosts (netns or VM), then closed."""
     import os
     os.environ["RDMALAB_VM_KERNEL"] = NETNS_KERNEL
-    from rdmalab.labs import agent as agentlab
+    from rdmalab.labs.agent import AgentPool
+    from rdmalab.machines.netns.fleet import netns_fleet
+    from rdmalab.machines.qemu import vm_fleet
     t0 = time.monotonic()
-    pool = agentlab.netns_pool(2, "rxe") if kind == "netns" else agentlab.vm_pool(2, "rxe")
+    pool = AgentPool((netns_fleet if kind == "netns" else vm_fleet)("rxe", 2))
     took = time.monotonic() - t0
     pool.close()
     return took

@@ -1,4 +1,4 @@
-"""How an inventory run chooses its hosts (rdmalab.labs.agent.inventory_pool): free and healthy
+"""How an inventory run chooses its hosts (rdmalab.machines.inventory.fleet): free and healthy
 ones, all behind one switch, pytest-xdist workers starting at different fabrics, and a clear
 error naming every host passed over. The locks and health checks are replaced by fakes here
 (tests/python/test_py_inventory.py runs the real ones against an sshd; make test-vm on VMs)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rdmalab.labs import agent as agentlab
-from rdmalab.labs.agent import pools
 from rdmalab.machines import hostcheck, inventory
+from rdmalab.machines.inventory.fleet import inventory_fleet
 from rdmalab.machines.machine import MachineError
 
 HELD: set[str] = set()
@@ -43,62 +43,54 @@ def four(tmp_path, monkeypatch):
     HELD.clear()
     monkeypatch.setattr(hostcheck, "HostLock", FakeLock)
     monkeypatch.setattr(hostcheck, "health_check", lambda m: [] if m.name != "sick" else ["x"])
-    made = []
-
-    class Pool:
-        def __init__(self, machines, **kw):
-            self.machines, self.kw = machines, kw
-            made.append(self)
-
-    monkeypatch.setattr(pools, "AgentPool", Pool)  # the one inventory_pool makes
-    return path, made
+    return path
 
 
-def names(pool):
-    return [m.name for m in pool.machines]
+def names(fleet):
+    return [m.name for m in fleet.machines]
 
 
 def test_each_worker_takes_two_hosts_of_one_fabric(four, monkeypatch):
-    path, _ = four
+    path = four
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    b = agentlab.inventory_pool(str(path), hosts=2)
+    b = inventory_fleet(str(path), 2)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-    a = agentlab.inventory_pool(str(path), hosts=2)
+    a = inventory_fleet(str(path), 2)
     assert (names(a), names(b)) == (["s1-vm1", "s1-vm2"], ["s2-vm1", "s2-vm2"])
-    assert (a.kw["switch_control"], b.kw["switch_control"]) == (
+    assert (a.switch_control, b.switch_control) == (
         str(path.parent / "s1.ctl"), str(path.parent / "s2.ctl"))
     with pytest.raises(RuntimeError) as e:  # a third run finds both switches in use
-        agentlab.inventory_pool(str(path), hosts=2)
+        inventory_fleet(str(path), 2)
     assert "switch 's1' is used by another rdmalab run" in str(e.value)
     assert "switch 's2' is used by another rdmalab run" in str(e.value)
-    a.kw["owner"].close()  # the first run ends: its switch and hosts are free again
-    assert names(agentlab.inventory_pool(str(path), hosts=2)) == ["s1-vm1", "s1-vm2"]
+    a.owner.close()  # the first run ends: its switch and hosts are free again
+    assert names(inventory_fleet(str(path), 2)) == ["s1-vm1", "s1-vm2"]
 
 
 def test_hosts_held_outside_a_free_switch_are_passed_over(four, monkeypatch):
-    path, _ = four
+    path = four
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     HELD.update({"s1-vm1", "s1-vm2"})  # another run's lock on the hosts themselves
-    pool = agentlab.inventory_pool(str(path), hosts=2)
-    assert names(pool) == ["s2-vm1", "s2-vm2"]
-    pool.kw["owner"].close()  # the switch's lock file with it
+    fleet = inventory_fleet(str(path), 2)
+    assert names(fleet) == ["s2-vm1", "s2-vm2"]
+    fleet.owner.close()  # the switch's lock file with it
 
 
 def test_a_fabric_with_too_few_free_hosts_is_left_whole(four, monkeypatch):
-    path, _ = four
+    path = four
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     HELD.add("s1-vm2")
-    pool = agentlab.inventory_pool(str(path), hosts=2)
-    assert names(pool) == ["s2-vm1", "s2-vm2"]
+    fleet = inventory_fleet(str(path), 2)
+    assert names(fleet) == ["s2-vm1", "s2-vm2"]
     assert HELD == {"s1-vm2", "s2-vm1", "s2-vm2"}  # s1-vm1 was taken and given back
-    pool.kw["owner"].close()
+    fleet.owner.close()
     assert HELD == {"s1-vm2"}
     with pytest.raises(RuntimeError, match="3 hosts wanted on one fabric"):
-        agentlab.inventory_pool(str(path), hosts=3)
+        inventory_fleet(str(path), 3)
     assert HELD == {"s1-vm2"}  # nothing kept by the failed attempt
-    pool = agentlab.inventory_pool(str(path), hosts=2)
-    assert names(pool) == ["s2-vm1", "s2-vm2"]
-    pool.kw["owner"].close()
+    fleet = inventory_fleet(str(path), 2)
+    assert names(fleet) == ["s2-vm1", "s2-vm2"]
+    fleet.owner.close()
 
 
 def test_a_device_bound_adds_the_stall_each_host_measured_never_a_guess():

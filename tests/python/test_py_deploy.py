@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 from rdmalab.machines import deploy
 from rdmalab.machines.deploy import DeployError, bundle, ensure_agent, shipment
 from rdmalab.machines.localmachine import LocalMachine
+from rdmalab.machines.machine import Fleet
 
 ENGINE = REPO / "bindings" / "rdmalab" / f"_core{shipment._ext_suffix()}"
 pytestmark = pytest.mark.skipif(not ENGINE.exists(), reason="the engine is not built (make build)")
@@ -337,8 +338,8 @@ def pool_on(tmp_path, monkeypatch):
     monkeypatch.setattr(deploy, "open_agent_channel", open_agent_channel)
     agents = tmp_path / "agents"
     logs: list[str] = []
-    pool = agentlab.AgentPool([TmpfsMachine("h8", agents)], description="local:h8",
-                              agent_dir=str(agents), log=logs.append)
+    pool = agentlab.AgentPool(Fleet([TmpfsMachine("h8", agents)], description="local:h8",
+                                    agent_dir=str(agents)), log=logs.append)
     try:
         yield pool, agents, logs, started
     finally:

@@ -145,3 +145,24 @@ def test_every_name_of_the_face_resolves_to_its_home():
     assert {"model_lab", "Lab", "resources", "FaultNotSupported"} <= set(dir(rdmalab))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         rdmalab.nope  # noqa: B018
+
+
+def test_a_machine_kind_is_its_module_and_its_row():
+    """A new Machine kind (say a labgrid place) is one file and one table row (issue 28): each
+    pooled lab kind's fleet is a function (name, hosts, log) defined in a module under
+    rdmalab.machines, which run.labkinds' row names."""
+    import inspect
+
+    from rdmalab.run.labkinds import LAB_KINDS
+    pooled = [kind for kind in LAB_KINDS.values() if kind.pooled]
+    assert {kind.name for kind in pooled} >= {"vm", "netns", "inventory"}
+    wrong = []
+    for kind in pooled:
+        fn = kind.fleet
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        if not fn.__module__.startswith("rdmalab.machines.") or fn.__qualname__ != fn.__name__ \
+                or fn.__name__ == "<lambda>":
+            wrong.append(f"{kind.name}: {where} is not a function of a machines module")
+        elif list(inspect.signature(fn).parameters)[:3] != ["name", "hosts", "log"]:
+            wrong.append(f"{kind.name}: {where}{inspect.signature(fn)}: not (name, hosts, log)")
+    assert not wrong, "\n".join(wrong)

@@ -2,6 +2,7 @@
 driven over RPyC on the execnet channel, with a verbs lab of this machine (no RDMA device
 here, so only what needs none), and the --lab vm option parsing and fallback."""
 
+import dataclasses
 import json
 import os
 import threading
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from rdmalab.run import cli
+from rdmalab.run.labkinds import LAB_KINDS
 from rdmalab.run.labspec import parse_lab_option, parse_lab_options
 
 execnet = pytest.importorskip("execnet", reason="python3-execnet is not installed")
@@ -192,27 +194,31 @@ def test_endpoint_values_round_trip():
     assert bytes(back.gid.raw) == bytes(ep.gid.raw)
 
 
+def _qemu_here(monkeypatch, why):
+    """The VM lab's row as on a machine where qemu can run (why None) or cannot (why)."""
+    monkeypatch.setitem(LAB_KINDS, "vm",
+                        dataclasses.replace(LAB_KINDS["vm"], unavailable=lambda: why))
+
+
 def test_vm_lab_option_parsing(monkeypatch):
-    import rdmalab.labs.agent as vm
-    monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
+    _qemu_here(monkeypatch, None)
     assert [s.id for s in parse_lab_option("vm")] == ["vm-rxe"]
     assert [s.id for s in parse_lab_option("vm:rxe,siw")] == ["vm-rxe", "vm-siw"]
     with pytest.raises(pytest.UsageError, match="unknown VM lab device mlx5"):
         parse_lab_option("vm:mlx5")
     ids = [s.id for s in parse_lab_options(["model:roce", "vm:rxe", "model:roce"])]
     assert ids == ["model-roce", "vm-rxe"]
-    monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
+    _qemu_here(monkeypatch, "no qemu here")
     with pytest.raises(pytest.UsageError, match="cannot run here: no qemu here"):
         parse_lab_option("vm:siw")
 
 
 def test_cli_falls_back_to_the_model_saying_why(monkeypatch, capsys):
-    import rdmalab.labs.agent as vm
-    monkeypatch.setattr(vm, "qemu_unavailable", lambda: "no qemu here")
+    _qemu_here(monkeypatch, "no qemu here")
     assert cli.usable_labs(["model:roce", "vm:rxe"]) == ["model:roce"]
     assert cli.usable_labs(["vm:siw"]) == ["model:iwarp-siw"]
     assert "no qemu here" in capsys.readouterr().err
-    monkeypatch.setattr(vm, "qemu_unavailable", lambda: None)
+    _qemu_here(monkeypatch, None)
     assert cli.usable_labs(["vm:rxe"]) == ["vm:rxe"]
 
 

@@ -16,7 +16,7 @@ import tomllib
 
 import pytest
 
-from rdmalab.labs.agent import qemu_unavailable
+from rdmalab.machines.qemu import qemu_unavailable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 from rdmalab.machines import inventory as inventory_mod

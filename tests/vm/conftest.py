@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rdmalab.labs.agent import qemu_unavailable
+from rdmalab.machines.qemu import qemu_unavailable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _WHY = qemu_unavailable()

@@ -9,13 +9,18 @@ next, a network namespace are the same to it.
 The RDMA facts of a host (device, port, GID index, netdev, data address, how wire faults reach
 its traffic) travel with the machine as a HostFacts; capabilities are read from the device on
 the host, never from these facts.
+
+A kind's fleet function (name, hosts, log) -> Fleet chooses, boots and locks the machines a
+pool's agents run on (rdmalab.run.labkinds names it in the kind's row); each_host calls a
+function per machine, side by side.
 """
 from __future__ import annotations
 
 import dataclasses
 import subprocess
+import threading
 import time
-from typing import Optional, Protocol, runtime_checkable
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 
 class MachineError(RuntimeError):
@@ -151,3 +156,46 @@ def wait_for_ssh(machine: Machine, deadline_s: float, poll_s: float = 1.0) -> fl
         time.sleep(poll_s)
     raise MachineUnreachable(f"{machine.name}: no answer over SSH within {deadline_s} s"
                              + (f": {last}" if last else ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fleet:
+    """What a pool's agents run on, as a kind's fleet function chose, booted and locked it;
+    rdmalab.labs.agent.AgentPool starts the agents on it."""
+    machines: list     # the hosts, in the order labs name them
+    description: str   # what messages call it: "vm:rxe", "inventory:lab.toml"
+    switch_control: Optional[str] = None  # the control socket of the fault switch on their path
+    # What they were built on (the VM lab's guests, the namespaces, an inventory's locks): its
+    # close() is called when the pool closes.
+    owner: Optional[object] = None
+    health_check: bool = False  # checked before use and after the run (inventory hosts)
+    agent_dir: Optional[str] = None  # where the agent goes on each; None: deploy.AGENT_DIR
+
+
+def each_host(fn: Callable, items: list) -> list:
+    """fn(item) for every item at once, one thread each, results in items' order. The hosts
+    are machines of their own (a TCG guest is a qemu process of its own): their starts and
+    checks, each seconds of a guest's CPU, need not wait for one another. The first error
+    (in items' order) is raised once every call has ended."""
+    items = list(items)
+    if len(items) < 2:
+        return [fn(i) for i in items]
+    out: list = [None] * len(items)
+    errs: list = [None] * len(items)
+
+    def run(k: int) -> None:
+        try:
+            out[k] = fn(items[k])
+        except BaseException as e:  # handed to the caller's thread
+            errs[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"rdmalab-host-{k}", daemon=True)
+               for k in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errs:
+        if e is not None:
+            raise e
+    return out

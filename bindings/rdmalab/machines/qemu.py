@@ -1,5 +1,7 @@
 """QemuMachine: a qemu soft-RoCE guest of the VM lab (bindings/rdmalab/machines/vmlab) as a Machine, and the VM lab's
-source of machines: `VmMachines(n, rdma)` boots the guests joined by the fault switch.
+source of machines: `VmMachines(n, rdma)` boots the guests joined by the fault switch, vm_fleet
+is the VM lab's fleet function (--lab vm:rxe), qemu_unavailable says why this machine cannot
+run it.
 
 A guest runs as root; commands go through the guest's small command agent (fast on TCG),
 everything an agent lab needs of SSH (execnet, background commands, copies) through the
@@ -7,12 +9,14 @@ guest's sshd with the lab's pinned host key.
 """
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import time
-from typing import Optional
+from typing import Callable, Optional
 
-from .machine import (WIRE_SWITCH, HostFacts, MachineError, MachineUnreachable,
+from .machine import (WIRE_SWITCH, Fleet, HostFacts, MachineError, MachineUnreachable,
                       OwnKernelMachine, Result)
 from .vmlab import vm as vm_mod
 
@@ -145,3 +149,31 @@ class VmMachines:
 
     def close(self) -> None:
         self.vmlab.close()
+
+
+def qemu_unavailable() -> Optional[str]:
+    """Why this machine cannot run the VM lab, or None if it can."""
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed (make vmlab-deps)"
+    if shutil.which("ssh") is None or not os.path.exists("/usr/sbin/sshd"):
+        return "openssh client/server are not installed (make vmlab-deps)"
+    try:  # optional dependencies: imported only to see that they are installed
+        for module in ("execnet", "rpyc"):
+            importlib.import_module(module)
+    except ImportError as e:
+        return f"python3-execnet / python3-rpyc missing: {e}"
+    return None
+
+
+def vm_fleet(name: str, hosts: int, log: Callable[[str], None] = lambda m: None, *,
+             boot_deadline_s: float = 180.0) -> Fleet:
+    """The VM lab: `hosts` qemu guests with rdma `name` (rxe or siw) on the fault switch."""
+    rdma = name
+    if rdma not in ("rxe", "siw"):
+        raise ValueError(f"VM lab device {rdma!r}: rxe or siw")
+    why = qemu_unavailable()
+    if why:
+        raise RuntimeError(f"the VM lab cannot run here: {why}")
+    vms = VmMachines(hosts, rdma, boot_deadline_s)
+    return Fleet(vms.machines, description=f"vm:{rdma}", switch_control=vms.switch_control,
+                 owner=vms)

@@ -7,7 +7,9 @@ Lab protocol compares a kind's name. A new kind of lab is a row here.
   netns      hosts as network namespaces on one kernel (rdmalab.machines.netns)
   inventory  the machines of a TOML inventory (rdmalab.machines.inventory)
 
-The CLI reads this table without the engine: the rows' builders import it when they run.
+A kind whose hosts are Machines names its fleet function, which lives in the kind's module in
+rdmalab.machines: a new Machine kind is that module and a row here. The CLI reads this table
+without the engine: the rows' builders import it when they run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import dataclasses
 import os
 from typing import Callable, Optional, Sequence
 
+from ..machines.inventory.fleet import inventory_fleet
 from ..machines.machine import SOFT_DEVICES
+from ..machines.netns.fleet import netns_fleet
+from ..machines.qemu import qemu_unavailable, vm_fleet
 
 DEFAULT_LAB = "model"  # --lab when none is given
 
@@ -24,11 +29,6 @@ DEFAULT_LAB = "model"  # --lab when none is given
 def _engine():
     from ..labs import engine  # the engine (rdmalab._core): the CLI reads this table without it
     return engine
-
-
-def _agentlab():
-    from ..labs import agent  # the engine and rpyc: the CLI reads this table without them
-    return agent
 
 
 def personalities() -> list[str]:
@@ -48,22 +48,6 @@ def _model_lab(personality: str, seed: int, hosts, **options):
     else:
         specs = {name: personality for name in hosts}
     return _engine().model_lab(seed=seed, hosts=specs, **options)
-
-
-def _vm_pool(device: str, hosts: int):
-    return _agentlab().vm_pool(hosts, device)
-
-
-def _netns_pool(device: str, hosts: int):
-    return _agentlab().netns_pool(hosts, device)
-
-
-def _inventory_pool(path: str, hosts: int):
-    return _agentlab().inventory_pool(path, hosts=hosts)
-
-
-def _qemu_unavailable() -> Optional[str]:
-    return _agentlab().qemu_unavailable()
 
 
 def _runs_anywhere() -> Optional[str]:
@@ -91,15 +75,15 @@ class LabKind:
     unknown: str = ""  # the refusal of names it does not know: .format(bad=, known=)
     inventory_file: bool = False  # the name is an inventory file, whose hosts are reached first
     build: Optional[Callable] = None  # (name, seed, hosts, **options) -> a Lab in this process
-    pool: Optional[Callable] = None   # (name, hosts) -> the AgentPool whose machines its labs use
+    fleet: Optional[Callable] = None  # (name, hosts, log) -> the Fleet its labs' agents run on
     unavailable: Callable[[], Optional[str]] = _runs_anywhere  # why it cannot run on this machine
     label: Callable[[str], str] = _itself  # the column's label from the name
 
     @property
     def pooled(self) -> bool:
-        """Its labs take machines from a pool the session starts, and closes after the
-        kind's column."""
-        return self.pool is not None
+        """Its labs take machines from a pool the session starts on its fleet, and closes
+        after the kind's column."""
+        return self.fleet is not None
 
     def finding_key(self, caps) -> str:
         """The findings registry's key for a lab of this kind: the driver ("rxe") on a device,
@@ -114,11 +98,11 @@ LAB_KINDS: dict[str, LabKind] = {kind.name: kind for kind in (
     LabKind("vm", "VM lab", "vm[:rxe,siw]", "vm:rxe,siw", device=True,
             known=lambda: SOFT_DEVICES, default=("rxe",),
             unknown="unknown VM lab device {bad}; VM lab devices: {known}",
-            pool=_vm_pool, unavailable=_qemu_unavailable),
+            fleet=vm_fleet, unavailable=qemu_unavailable),
     LabKind("netns", "netns lab", "netns[:rxe,siw]", "netns:rxe", device=True,
             known=lambda: SOFT_DEVICES, default=("rxe",),
             unknown="unknown netns lab device {bad}; netns lab devices: {known}",
-            pool=_netns_pool),
+            fleet=netns_fleet),
     LabKind("inventory", "inventory", "inventory:PATH", "inventory:lab.toml", device=True,
-            inventory_file=True, pool=_inventory_pool, label=_file_stem),
+            inventory_file=True, fleet=inventory_fleet, label=_file_stem),
 )}

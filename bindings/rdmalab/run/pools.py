@@ -5,6 +5,7 @@ found left on its hosts when it closed is reported at the session's end."""
 
 from __future__ import annotations
 
+from ..labs.agent import AgentPool
 from .session import spec_of
 
 _POOLS: dict = {}       # spec -> its AgentPool
@@ -19,7 +20,7 @@ def set_hosts(n: int) -> None:
 def agent_pool(spec):
     """The session's pool of machines for a spec, started on first use."""
     if spec not in _POOLS:
-        _POOLS[spec] = spec.kind.pool(spec.personality, _HOSTS[0])
+        _POOLS[spec] = AgentPool(spec.kind.fleet(spec.personality, _HOSTS[0]))
     return _POOLS[spec]
 
 

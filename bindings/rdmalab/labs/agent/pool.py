@@ -1,11 +1,12 @@
-"""AgentPool: a lab's machines with their agents, started, warmed, healed and health-checked;
-labs (AgentLab) come and go on them."""
+"""AgentPool: a lab's machines (a Fleet, from its kind's fleet function in rdmalab.machines)
+with their agents, started, warmed, healed and health-checked; labs (AgentLab) come and go on
+them."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 from ... import progress
 from ...errors import FaultNotSupported, Hung
@@ -13,7 +14,7 @@ from ...agent.remote import Agent
 from ...machines import deploy, hostcheck
 from ...paths import REPO
 from ...machines.deploy import AGENT_DIR
-from .common import each_host
+from ...machines.machine import Fleet, each_host
 from .lab import AgentLab
 
 # `ip neigh` states in which the kernel has the peer's MAC (NUD_VALID less PERMANENT, NOARP,
@@ -22,17 +23,15 @@ _NEIGH_RESOLVED = ("REACHABLE", "STALE", "DELAY")
 
 
 class AgentPool:
-    """Machines with their agents; labs come and go on them. `owner` (the VM lab's guests, an
-    inventory's locks) is closed with the pool."""
+    """A fleet's machines with their agents; labs come and go on them. The fleet's owner (the
+    VM lab's guests, an inventory's locks) is closed with the pool."""
 
-    def __init__(self, machines: list, *, description: str, switch_control: Optional[str] = None,
-                 owner=None, health_check: bool = False,
-                 agent_dir: str = AGENT_DIR, log: Callable[[str], None] = lambda m: None):
-        self.machines = list(machines)
-        self.description = description
-        self.switch_control = switch_control
-        self.owner, self.check_health = owner, health_check
-        self.agent_dir, self.log = agent_dir, log
+    def __init__(self, fleet: Fleet, *, log: Callable[[str], None] = lambda m: None):
+        self.machines = list(fleet.machines)
+        self.description = fleet.description
+        self.switch_control = fleet.switch_control
+        self.owner, self.check_health = fleet.owner, fleet.health_check
+        self.agent_dir, self.log = fleet.agent_dir or AGENT_DIR, log
         self.agents: list[Agent] = []
         self.used: dict[str, int] = {}  # machine name -> labs run on it since its last boot
         self.leaks: list[str] = []  # what health checks after a lab found left behind
@@ -47,7 +46,7 @@ class AgentPool:
         # One install at a time: hosts may share agent_dir (the netns lab's namespaces are one
         # guest), and two copies into one version directory at once undo each other.
         self._deploy_lock = threading.Lock()
-        try:  # inventory_pool health-checked them as it chose them
+        try:  # inventory_fleet health-checked them as it chose them
             started: list = [None] * len(self.machines)
 
             def start(k: int) -> None:

@@ -5,7 +5,8 @@
 
 The rooms: schema (the records and the loader that checks every field), lines (the line of a
 field, found in the text: tomllib keeps no positions), secret_rule (secret-named fields are
-refused and their values never shown), writer (dumps).
+refused and their values never shown), writer (dumps), fleet (inventory_fleet: free, healthy
+hosts of one fabric, locked for a run).
 """
 from __future__ import annotations
 

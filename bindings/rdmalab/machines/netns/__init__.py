@@ -28,7 +28,8 @@ siw: its sockets are kernel TCP sockets; how siw behaves in namespaces is still 
 (kernel_support accepts it from 7.1 on like rxe).
 
 The rooms: common (constants, commands as named steps on the outer machine), host
-(NetnsMachine), lab (NetnsHosts, kernel_support), capture (BridgeCapture).
+(NetnsMachine), lab (NetnsHosts, kernel_support), capture (BridgeCapture), fleet (netns_fleet:
+the netns lab's fleet function, on this kernel or a guest's).
 """
 from __future__ import annotations
 
