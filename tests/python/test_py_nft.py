@@ -11,6 +11,7 @@ import pytest
 
 from rdmalab import FaultNotSupported, _core
 from rdmalab.faults import nft
+from rdmalab.labs.agent import sinks
 
 HOSTS = {"a": "10.0.0.1", "b": "10.0.0.2"}
 
@@ -164,8 +165,8 @@ def rule_handle(listing: str) -> int:
 
 
 def test_lister_reads_counters_from_one_nft_process(ns_machine):
-    """nft.Lister: each read is one line to the same `nft -j -i`, and sees the counter move."""
-    lister = nft.Lister(ns_machine)
+    """sinks.Lister: each read is one line to the same `nft -j -i`, and sees the counter move."""
+    lister = sinks.Lister(ns_machine)
     try:
         send_udp(ns_machine, 3)
         first = lister.read(nft.HOST)
@@ -182,7 +183,7 @@ def test_lister_reads_counters_from_one_nft_process(ns_machine):
 
 def test_lister_gives_up_on_an_error_and_the_caller_falls_back(ns_machine):
     """A listing nft cannot answer (the table is gone) ends the lister: None, process gone."""
-    lister = nft.Lister(ns_machine)
+    lister = sinks.Lister(ns_machine)
     ns_machine.sh(nft.delete_table_command(nft.HOST))
     assert lister.read(nft.HOST) is None
     assert lister._proc is None

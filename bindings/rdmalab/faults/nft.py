@@ -22,12 +22,7 @@ opcode at byte 0, destination QPN at bytes 5-7, PSN at 9-11), then for QP1's UD 
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import select
-import threading
-import time
 from typing import Mapping, Optional
 
 from ..errors import FaultNotSupported
@@ -189,69 +184,5 @@ def rule_packets(listing_json: str, handle: int) -> int:
 
 
 def list_line(place: Place = HOST) -> str:
-    """The listing command as `nft -i` reads it (Lister)."""
+    """The listing command as `nft -i` reads it (rdmalab.labs.agent.sinks.Lister)."""
     return f"list chain {place.family} {TABLE} {place.chain}\n"
-
-
-class Lister:
-    """One `nft -j -i` kept running on a machine: each listing is a line on its stdin and one
-    JSON line back, with no process started per read. A read in a TCG guest otherwise starts
-    a shell and nft (about 300 ms of its CPU each; a scenario that samples a counter every
-    50 ms kept a guest's two vCPUs busy). Whatever is not that line (nft's error, the process
-    gone, no answer within the deadline) ends the lister: read() returns None and the caller
-    runs the one-shot command instead, which reports the error."""
-
-    def __init__(self, machine, deadline_s: float = 10.0) -> None:
-        self._proc = machine.popen("nft -j -i", root=True, stdin=True)
-        self._deadline_s = deadline_s
-        self._buf = b""
-        self._lock = threading.Lock()  # one question and its answer at a time
-
-    def read(self, place: Place) -> Optional[str]:
-        with self._lock:
-            return self._read(place)
-
-    def _read(self, place: Place) -> Optional[str]:
-        proc = self._proc
-        if proc is None:
-            return None
-        try:
-            line = list_line(place)
-            proc.stdin.write(line.encode() if not _text(proc) else line)
-            proc.stdin.flush()
-            fd, end = proc.stdout.fileno(), time.monotonic() + self._deadline_s
-            while b"\n" not in self._buf:
-                left = end - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    raise TimeoutError
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    raise EOFError
-                self._buf += chunk
-        except (OSError, EOFError, TimeoutError, ValueError):
-            self.close()
-            return None
-        got, self._buf = self._buf.split(b"\n", 1)
-        text = got.decode(errors="replace")
-        if not text.startswith('{"nftables"'):
-            self.close()
-            return None
-        return text
-
-    def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.stdin.close()  # nft -i ends at EOF
-            proc.wait(5)
-        except Exception:  # noqa: BLE001 -- a stuck or gone session: it is killed below
-            pass
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-
-
-def _text(proc) -> bool:
-    """Whether proc's pipes are text (LocalMachine.popen) or bytes (the SSH machines)."""
-    return isinstance(proc.stdin, io.TextIOBase)

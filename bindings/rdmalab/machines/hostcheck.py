@@ -25,7 +25,7 @@ import time
 from typing import Optional
 
 from . import rdma_res
-from .machine import Machine, MachineError, MachineUnreachable
+from .machine import Machine, MachineError, MachineUnreachable, end_session
 
 LOCK_DIR = "/run/lock"
 HELD_RC = 75                     # flock -E: the lock is held by someone else (EX_TEMPFAIL)
@@ -100,17 +100,8 @@ class HostLock:
     def release(self) -> None:
         """Closes the command's stdin: cat, flock and the session end, the lock is free."""
         p, self._proc = self._proc, None
-        if p is None:
-            return
-        try:
-            if p.stdin:
-                p.stdin.close()
-            p.wait(timeout=15)
-        except (OSError, subprocess.TimeoutExpired):
-            p.kill()
-            p.wait()
-        if p.stdout:
-            p.stdout.close()
+        if p is not None:
+            end_session(p, 15.0)
 
     def __enter__(self) -> "HostLock":
         return self.acquire() if not self.held else self

@@ -199,3 +199,20 @@ def each_host(fn: Callable, items: list) -> list:
         if e is not None:
             raise e
     return out
+
+
+def end_session(proc, deadline_s: float) -> None:
+    """Ends a command kept running on its stdin (`nft -i`, a host lock's flock): closing stdin
+    ends it; one that has not ended within deadline_s (stuck, or its machine gone) is killed.
+    Its stdout is closed too."""
+    try:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=deadline_s)
+    except (OSError, ValueError, subprocess.TimeoutExpired):  # stuck or gone: killed below
+        pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(deadline_s)
+    if proc.stdout:
+        proc.stdout.close()

@@ -4,6 +4,10 @@ path (Switch), or nftables in the sending hosts' output hooks or in the bridge o
 
 from __future__ import annotations
 
+import io
+import os
+import select
+import threading
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -11,6 +15,7 @@ from ...errors import FaultNotSupported
 from ...faults import nft
 from ...faults.fabric import SwitchControl
 from ...faults.wire import expand_cm
+from ...machines.machine import end_session
 
 if TYPE_CHECKING:
     from .lab import AgentLab
@@ -169,13 +174,13 @@ class NftSink:
 
 class Nftables:
     """The nftables rules of one agent lab: the table made once per place, one lister per place
-    reading counters without a process each (nft.Lister), the rules installed."""
+    reading counters without a process each (Lister), the rules installed."""
 
     def __init__(self, lab: "AgentLab"):
         self._lab = lab
         self.rules: list[NftRule] = []
         self._ready: dict = {}  # place key -> (machine, nft place) with the table made
-        self._listers: dict = {}  # place key -> nft.Lister
+        self._listers: dict = {}  # place key -> Lister
 
     @staticmethod
     def run(machine, key: str, cmd: str) -> str:
@@ -186,7 +191,7 @@ class Nftables:
         read, or the lister gone) the one-shot command, which names any error."""
         lister = self._listers.get(key)
         if lister is None:
-            lister = self._listers[key] = nft.Lister(machine)
+            lister = self._listers[key] = Lister(machine)
             return self.run(machine, key, nft.list_command(place))
         return lister.read(place) or self.run(machine, key, nft.list_command(place))
 
@@ -260,3 +265,59 @@ class Nftables:
                 self.run(machine, key, nft.delete_table_command(place))
         self._ready.clear()
         self.rules.clear()
+
+
+class Lister:
+    """One `nft -j -i` kept running on a machine: each listing is a line on its stdin and one
+    JSON line back, with no process started per read. A read in a TCG guest otherwise starts
+    a shell and nft (about 300 ms of its CPU each; a scenario that samples a counter every
+    50 ms kept a guest's two vCPUs busy). Whatever is not that line (nft's error, the process
+    gone, no answer within the deadline) ends the lister: read() returns None and the caller
+    runs the one-shot command instead, which reports the error."""
+
+    def __init__(self, machine, deadline_s: float = 10.0) -> None:
+        self._proc = machine.popen("nft -j -i", root=True, stdin=True)
+        self._deadline_s = deadline_s
+        self._buf = b""
+        self._lock = threading.Lock()  # one question and its answer at a time
+
+    def read(self, place) -> Optional[str]:
+        with self._lock:
+            return self._read(place)
+
+    def _read(self, place) -> Optional[str]:
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            line = nft.list_line(place)
+            proc.stdin.write(line.encode() if not _text(proc) else line)
+            proc.stdin.flush()
+            fd, end = proc.stdout.fileno(), time.monotonic() + self._deadline_s
+            while b"\n" not in self._buf:
+                left = end - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise TimeoutError
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise EOFError
+                self._buf += chunk
+        except (OSError, EOFError, TimeoutError, ValueError):
+            self.close()
+            return None
+        got, self._buf = self._buf.split(b"\n", 1)
+        text = got.decode(errors="replace")
+        if not text.startswith('{"nftables"'):
+            self.close()
+            return None
+        return text
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            end_session(proc, 5.0)  # nft -i ends at EOF
+
+
+def _text(proc) -> bool:
+    """Whether proc's pipes are text (LocalMachine.popen) or bytes (the SSH machines)."""
+    return isinstance(proc.stdin, io.TextIOBase)
