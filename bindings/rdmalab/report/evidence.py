@@ -60,8 +60,8 @@ class Collector:
         self.errors: list[str] = []
         self.caps: dict[str, str] = {}
         self._clock: Optional[tuple[int, int, int]] = None  # (realtime, monotonic, offset)
-        self._capture = WireCapture(lab, self.hosts, self.dir, self._agent_call, self.caps,
-                                    self.files)
+        self._capture = WireCapture(lab, self.hosts, lambda: self.dir, self._agent_call,
+                                    self.caps, self.files)
         self._kernels = KernelLogs(lab, self.hosts, registry=registry, parallel=self._parallel,
                                    agent_call=self._agent_call, write=self._write,
                                    errors=self.errors, caps=self.caps)

@@ -66,9 +66,10 @@ class WireCapture:
     caps and files are the bundle's (rdmalab.report.evidence.Collector); agent_call(host, fn,
     *args) is a call of rdmalab.report.evidence_host.fn in that host's agent."""
 
-    def __init__(self, lab, hosts: list[str], directory: pathlib.Path,
+    def __init__(self, lab, hosts: list[str], directory: Callable[[], pathlib.Path],
                  agent_call: Callable[..., Callable[[], object]], caps: dict, files: dict):
-        self.lab, self.hosts, self.dir = lab, hosts, directory
+        # directory(): the bundle's folder now (a test's second lab renames the first's)
+        self.lab, self.hosts, self.directory = lab, hosts, directory
         self._agent_call, self.caps, self.files = agent_call, caps, files
         self._running = None      # ("switch", SwitchControl) or ("bridge", netns.BridgeCapture)
         self._key = ""
@@ -82,12 +83,12 @@ class WireCapture:
         other = _CAPTURING.get(key)
         if other is not None:  # a test's second lab on the same wire: one capture at a time
             self.caps["wire"] = (f"no capture of its own: the wire's capture is in "
-                                 f"{other.dir.name}'s bundle")
+                                 f"{other.directory().name}'s bundle")
             return
         self._key = key
         if path:
             control = SwitchControl(path)
-            control.request("pcap", path=str((self.dir / "wire.pcap").resolve()),
+            control.request("pcap", path=str((self.directory() / "wire.pcap").resolve()),
                             max_bytes=MAX_PCAP_BYTES)
             self._running = ("switch", control)
             _CAPTURING[key] = self
@@ -112,7 +113,7 @@ class WireCapture:
         where, cap = self._running
         self._running = None
         _CAPTURING.pop(self._key, None)
-        pcap = self.dir / "wire.pcap"
+        pcap = self.directory() / "wire.pcap"  # the switch's open file moved with it
         if where == "switch":
             to_lab, what = self._stop_switch(cap)
         else:
