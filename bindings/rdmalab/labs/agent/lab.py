@@ -15,7 +15,7 @@ from ... import progress
 from ...errors import FaultNotSupported, Hung
 from ...errors import duration_ns as duration_of
 from ...faults import records as wire_records
-from ...protocol import WIRE_PLACEMENT
+from ...protocol import KERNEL_ULP, WIRE_PLACEMENT
 from ...agent.remote import Agent
 from ...agent.serve import stacks_path
 from ...machines.machine import SOFT_DEVICES, WIRE_NFT_BRIDGE, WIRE_NFTABLES
@@ -74,7 +74,7 @@ class AgentLab:
     # -- what this lab can do (rdmalab.protocol)
     @property
     def capabilities(self) -> frozenset:
-        caps = set()
+        caps = {KERNEL_ULP}  # every host is a kernel of its own, or a namespace of one
         if not self.switch_unusable() and not any(
                 self.nftables_unusable(n) for n in self._machines):
             caps.add(WIRE_PLACEMENT)
@@ -393,6 +393,15 @@ class AgentLab:
         if not self._shut:
             self._history.fetch_all()
         return self._history.lost()
+
+    def run_on(self, host: str, module: str, function: str, *args,
+               deadline_s: float = 60.0):
+        """module.function(host's agent lab, *args) in host's agent, its result copied back
+        (rdmalab.protocol.Lab.run_on); past deadline_s Hung, the agent marked broken."""
+        self.host(host)  # KeyError, HostLost
+        agent = self._agents[host]
+        return agent.call_copy(module, function, agent.lab, *args, deadline_s=deadline_s,
+                               what=f"{module}.{function} on {host}")
 
     def kernel_resources(self, host: str, pids: set[int]) -> dict[str, int]:
         """What the host's kernel still holds for these pids, by kind (records.kernel_holds)."""
