@@ -9,7 +9,7 @@ import pathlib
 import sys
 import time
 
-from . import initrd, kernel, prepare, selftest, up
+from . import initrd, kernel, moddep, prepare, selftest, up
 from ..machine import MachineError
 from .vm import VmGroup
 
@@ -22,8 +22,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     k = prepare.ensure(siw=not args.no_siw)
     rd = initrd.ensure(k)
+    md = moddep.ensure(k)
     _log(f"kernel {k.release} ({k.suite}) {k.vmlinuz}\n  siw {k.siw_ko}\n  initrd {rd}\n  "
-         f"({time.monotonic() - t0:.1f} s)")
+         f"modules for modprobe {md}\n  ({time.monotonic() - t0:.1f} s)")
     return 0
 
 
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                          "backports, or a Debian release such as 6.12.117+deb13-amd64 "
                          "(also RDMALAB_VM_KERNEL)")
     sub = ap.add_subparsers(dest="action", required=True)
-    pr = sub.add_parser("prepare", help="fetch the kernel, build siw.ko and the initrd")
+    pr = sub.add_parser("prepare", help="fetch the kernel, build siw.ko, the initrd and the "
+                        "guests' module indexes")
     pr.add_argument("--no-siw", action="store_true", help="do not build siw.ko")
     st = sub.add_parser("selftest", help="boot two VMs per provider, rping/pingpong them")
     st.add_argument("--rdma", nargs="+", default=["rxe", "siw"], choices=["rxe", "siw"])

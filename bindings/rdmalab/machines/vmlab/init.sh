@@ -7,6 +7,8 @@
 #   or none), vmlab.sysctl (NAME=VALUE,... set before the RDMA device comes up, or none),
 #   vmlab.keep (paths, comma-separated, the guest keeps across its reboots: a folder of its
 #   own in the share, /vmlab/keep/PATH, mounted over each; or none).
+#   vmlab.moddir (host folder holding the guest kernel's modules and depmod's indexes,
+#   bind-mounted at /lib/modules/<release> for modprobe; or none).
 #   The agent and the ssh keys are copied into the guest's /run/vmlab first.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -33,7 +35,7 @@ ifname() {  # interface whose MAC is $1
 
 NAME=$(arg name); IP=$(arg ip); DMAC=$(arg dmac); CMAC=$(arg cmac)
 RDMA=$(arg rdma); PORT=$(arg port); AGENT=$(arg agent); SSHKEYS=$(arg sshkeys)
-HIDE=$(arg hide); SYSCTL=$(arg sysctl); KEEP=$(arg keep)
+HIDE=$(arg hide); SYSCTL=$(arg sysctl); KEEP=$(arg keep); MODDIR=$(arg moddir)
 
 # Modules in dependency order (computed on the host with modinfo); siw only when asked,
 # since it taints the kernel.
@@ -62,6 +64,16 @@ mount -t tmpfs tmpfs $R/dev/shm
 # the host's /tmp (CI, fresh-clone tests) must be visible at the same path in the guest.
 mount -t tmpfs tmpfs $R/run
 echo "$NAME" > /proc/sys/kernel/hostname
+# modprobe as on a real host: the host's kmod finds the guest kernel's modules (mounted before
+# any hide, which may cover where they live). The kernel's own requests (request_module: a
+# transport, a netdev kind) run /proc/sys/kernel/modprobe in PID 1's root, this initramfs:
+# handed to the same modprobe in the new root.
+if [ "$MODDIR" != none ]; then
+  M=$R/lib/modules/$(uname -r)
+  mkdir -p "$M" && mount -o bind "$R$MODDIR" "$M" || die "modules $MODDIR"
+  printf '#!/bin/sh\nexec /bin/chroot %s /sbin/modprobe "$@"\n' "$R" > /bin/vmlab-modprobe
+  chmod 755 /bin/vmlab-modprobe && echo /bin/vmlab-modprobe > /proc/sys/kernel/modprobe
+fi
 # The host's ~/.bashrc (pyenv and the like) would run for every ssh command; the guest gets
 # its own, in the tmpfs overlay (the host's file is untouched).
 echo "# vmlab guest" > $R/root/.bashrc

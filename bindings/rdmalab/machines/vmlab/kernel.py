@@ -10,7 +10,8 @@ they have run (rdmalab.progress, stderr).
 
 The preparation's rooms: debian (suites, apt's index, the .debs), prepare (ensure: the kernel
 unpacked, siw.ko and the test module built), modbuild and buildroot (out-of-tree modules, in a
-build chroot for a newer suite), modules (what the guest loads, in which order).
+build chroot for a newer suite), modules (what the guest loads, in which order),
+moddep (the guests' /lib/modules, for modprobe).
 
 The other rooms read CACHE, STATE, say and run as kernel.<name>, never by importing the name:
 one binding, which the tests replace.
@@ -33,7 +34,7 @@ CACHE = cache.artifact_home()   # downloads and built artifacts, shared by every
 STATE = cache.state_home(REPO)  # this clone's run/, up/, ssh/ and inventories
 # Part of every artifact's key: bump a kind's number when the way it is made changes, so that
 # no clone reuses what the older code made.
-RECIPES = {"kernel": 1, "siw": 1, "testmod": 1, "buildroot": 1, "initrd": 1}
+RECIPES = {"kernel": 1, "siw": 1, "testmod": 1, "buildroot": 1, "initrd": 1, "moddep": 1}
 STEP_TIMEOUT_S = 600  # deadline for any one download, unpack or build step
 
 

@@ -1,8 +1,9 @@
 """End-to-end check of the VM lab: two VMs, the RDMA device, rping and ibv_rc_pingpong.
 
 For each provider (rxe, then siw): boot two VMs, check `rdma link` and `ibv_devices` name
-the device, run rping between them (rdma_cm), and on rxe ibv_rc_pingpong too (siw cannot:
-it needs rdma_cm to connect). Any failure raises with the serial log tails.
+the device and that `modprobe nvme-rdma` loads it, run rping between them (rdma_cm), and on
+rxe ibv_rc_pingpong too (siw cannot: it needs rdma_cm to connect). Any failure raises with
+the serial log tails.
 """
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ def check_device(vm: Vm, dev: str) -> str:
     if f"link {dev}/1 state ACTIVE" not in r.out or dev not in r.out.split("rdma link")[-1]:
         raise VmError(f"{vm.spec.name}: {dev} not ACTIVE:\n{r.out}")
     return r.out
+
+
+def check_modprobe(vm: Vm) -> None:
+    """modprobe finds the guest kernel's modules and their dependencies (moddep.py)."""
+    r = vm.run("modprobe nvme-rdma && lsmod", 60).check(f"{vm.spec.name}: modprobe nvme-rdma")
+    loaded = {line.split()[0] for line in r.out.splitlines()[1:] if line.strip()}
+    if not {"nvme_rdma", "nvme_fabrics"} <= loaded:
+        raise VmError(f"{vm.spec.name}: modprobe nvme-rdma loaded {sorted(loaded)}")
 
 
 def rping(server: Vm, client: Vm) -> dict:
@@ -170,8 +179,9 @@ def _exercise(lab: VmGroup, rdma: str, dev: str, log: Callable[[str], None], reb
         check_share(vm)
         check_ssh(vm)
     check_isolation(lab.vms[0])
+    check_modprobe(lab.vms[0])
     log(f"{rdma}: {dev} ACTIVE in both (rdma link, ibv_devices); 9p share writable; ssh works; "
-        "no way out through the control NIC")
+        "no way out through the control NIC; modprobe loads nvme-rdma")
     a, b = lab.vms
     report["rping"] = rping(a, b)
     log(f"{rdma}: rping {report['rping']}")

@@ -32,7 +32,7 @@ from ...paths import switch_binary
 from ..machine import MachineError, Result  # noqa: F401  (Result: what run() returns)
 from . import initrd as initrd_mod
 from . import kernel as kernel_mod
-from . import prepare
+from . import moddep, prepare
 from . import ssh as ssh_mod
 
 AGENT = pathlib.Path(__file__).with_name("agent.py")
@@ -147,9 +147,11 @@ class VmSpec:
 
 class Vm:
     def __init__(self, spec: VmSpec, workdir: pathlib.Path, switch_sock: pathlib.Path,
-                 vmlinuz: pathlib.Path, initrd: pathlib.Path, release: str = "") -> None:
+                 vmlinuz: pathlib.Path, initrd: pathlib.Path, release: str = "",
+                 moddir: pathlib.Path | None = None) -> None:
         self.spec = spec
         self.release = release  # the kernel's, for progress lines
+        self.moddir = moddir  # the guest's /lib/modules/<release> (moddep.py); None: none
         self.dir = workdir / spec.name
         self.share = self.dir / "share"
         self.sock = workdir / f"{spec.name}.sock"
@@ -180,7 +182,8 @@ class Vm:
                   f"vmlab.rdma={s.rdma} vmlab.port={GUEST_PORT} vmlab.agent={AGENT} "
                   f"vmlab.sshkeys={s.ssh_keys or 'none'} vmlab.hide={_paths_arg(s.hide)} "
                   f"vmlab.sysctl={_sysctl_arg(s.sysctl)} "
-                  f"vmlab.keep={_paths_arg(s.keep, 'keep')}")
+                  f"vmlab.keep={_paths_arg(s.keep, 'keep')} "
+                  f"vmlab.moddir={_paths_arg([self.moddir] if self.moddir else [], 'mount')}")
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-:{GUEST_PORT}"
         if s.ssh_keys is not None:
             fwd += f",hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
@@ -359,6 +362,7 @@ class VmGroup:
         # bookworm. siw.ko is built only for a lab that uses it.
         self.kernel = prepare.ensure(kernel, siw=rdma == "siw")
         self.initrd = initrd_mod.ensure(self.kernel)
+        self.moddir = moddep.ensure(self.kernel)
         keys = ssh_mod.ensure_keys() if sshd else None
         if workdir is None:
             _prune_runs(kernel_mod.STATE / "run", KEEP_RUNS)
@@ -371,7 +375,7 @@ class VmGroup:
         self.vms = [Vm(VmSpec(i + 1, rdma, memory_mb, cpus, ssh_keys=keys, hide=list(hide or []),
                            sysctl=dict(sysctl), keep=list(keep or [])),
                        self.workdir, self.switch_sock, self.kernel.vmlinuz, self.initrd,
-                       release=self.kernel.release)
+                       release=self.kernel.release, moddir=self.moddir)
                     for i in range(n)]
         self.switch: subprocess.Popen | None = None
         self.switch_control: pathlib.Path | None = None  # the fault switch's control socket
