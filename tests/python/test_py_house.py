@@ -21,7 +21,7 @@ MAY_IMPORT = {
     "faults": set(),
     "checkers": {"faults"},                   # the wire records' vocabulary (faults.records)
     "findings": set(),
-    "workloads": set(),                       # the host side runs in agents, beside their labs
+    "workloads": {"machines"},                # the Machine protocol's facts (the spare disk)
     "machines": {"agent"},                    # the container demo drives an agent
     "api": {"agent"},                         # an object that lives in an agent says so
     "labs": {"api", "faults", "machines", "agent", "findings"},

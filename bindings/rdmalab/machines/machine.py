@@ -58,6 +58,10 @@ WIRE_NONE = "none"              # nothing can touch the wire (an InfiniBand link
 WIRE_KINDS = (WIRE_SWITCH, WIRE_NFTABLES, WIRE_NFT_BRIDGE, WIRE_NONE)
 # The devices `rdma link add` makes on a host's netdev (the VM and netns labs' kinds).
 SOFT_DEVICES = ("rxe", "siw")
+# A machine's spare disk, which a workload's target exports (rdmalab.workloads): the block
+# device whose serial (/sys/block/*/serial) is this. The VM lab gives every guest one, kept
+# across reboots; an inventory host may have one (e.g. a virtio or loop disk set up so).
+SPARE_DISK_SERIAL = "rdmalab-disk"
 
 
 @dataclasses.dataclass

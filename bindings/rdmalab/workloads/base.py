@@ -10,6 +10,7 @@ from typing import Optional
 from ..errors import FaultNotSupported, WorkloadError
 from ..protocol import KERNEL_ULP
 
+HOST = "rdmalab.workloads.host"  # what every workload's host side shares
 STEP_DEADLINE_S = 120.0  # a host step (a modprobe, a connect) on a TCG guest of a loaded machine
 
 
@@ -57,7 +58,7 @@ class Workload:
 
     def one_kernel(self) -> bool:
         """Whether target and initiator are network namespaces of one kernel (the netns lab)."""
-        ids = {self.on(h, "boot_id", module="rdmalab.workloads.host")["boot_id"]
+        ids = {self.on(h, "boot_id", module=HOST)["boot_id"]
                for h in (self.target, self.initiator)}
         return len(ids) == 1
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as _errno
+import json
 import os
 import subprocess
 import threading
@@ -155,3 +156,21 @@ def answered(fn: Callable) -> Callable:
 def boot_id(lab) -> dict:
     """This kernel's boot id: two hosts with one are network namespaces of one kernel."""
     return {"boot_id": read_attr("/proc/sys/kernel/random/boot_id") or ""}
+
+
+RES_KINDS = ("cm_id", "qp", "cq", "mr", "pd")
+
+
+@answered
+def kernel_owned(lab, owners: list[str]) -> dict:
+    """What `rdma res` shows owned by these kernel ULPs (their module name: nvme_rdma,
+    nvmet_rdma, ...), by kind, each entry as rdma prints it: a finished teardown leaves none.
+    Kernel owners are named by `comm` ("[nvme_rdma]" or "nvme_rdma", by iproute2 version)."""
+    held: dict = {}
+    for kind in RES_KINDS:
+        got = json.loads(run(["rdma", "-j", "res", "show", kind], 30.0,
+                             f"rdma res show {kind}") or "[]")
+        mine = [e for e in got if str(e.get("comm", "")).strip("[]") in owners]
+        if mine:
+            held[kind] = mine
+    return {"held": held}

@@ -18,12 +18,12 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import FaultNotSupported
-from .base import Workload
+from ..machines.machine import SPARE_DISK_SERIAL
+from .base import HOST, Workload
 
 MODULE = "rdmalab.workloads.nvme_host"
 NVMF_PORT = 4420  # the IANA port of NVMe over Fabrics (RDMA/CM's service id)
 LEDGER = "rdmalab.workloads.ledger"
-DISK_SERIAL = "rdmalab-disk"  # the VM lab's spare disk, kept across a guest's reboots
 
 
 class NvmeOf(Workload):
@@ -63,7 +63,12 @@ class NvmeOf(Workload):
         if self.backing == "null_blk":
             dev = self.on(self.target, "null_blk", self.size_mb)["device"]
         else:
-            dev = self.on(self.target, "disk_by_serial", DISK_SERIAL)["device"]
+            dev = self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL)["device"]
+            if not dev:
+                raise FaultNotSupported("nvme backing disk", f"{self.target} has no spare "
+                                        f"disk (a block device with serial "
+                                        f"{SPARE_DISK_SERIAL!r}; the VM lab gives every guest "
+                                        "one)")
         self.on(self.target, "target_up", self.nqn, dev, self.lab.address_of(self.target),
                 self.port)
 
@@ -83,6 +88,16 @@ class NvmeOf(Workload):
                         deadline_s=deadline_s + 30)
         finally:
             self.on(self.target, "target_down", self.nqn)
+
+    def leftovers(self) -> dict:
+        """host -> what `rdma res` still shows of nvmet-rdma (target) or nvme-rdma
+        (initiator), by kind; empty once both are torn down."""
+        held = {}
+        for host, owner in ((self.target, "nvmet_rdma"), (self.initiator, "nvme_rdma")):
+            got = self.on(host, "kernel_owned", [owner], module=HOST)["held"]
+            if got:
+                held[host] = got
+        return held
 
     # -- state
     def state(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+import uuid
 
 from .host import (StepFailed, Watcher, answered, configfs, modprobe, read_attr, run, step,
                    write_attr)
@@ -54,12 +55,28 @@ def null_blk(lab, size_mb: int) -> dict:
 
 @answered
 def disk_by_serial(lab, serial: str) -> dict:
-    """The virtio disk whose serial is this (the VM lab's spare disk, kept across reboots)."""
+    """The disk whose serial is this (the VM lab's spare disk, kept across reboots; its
+    virtio driver loaded first: no udev loads it in a guest)."""
+    try:
+        modprobe("virtio_blk")
+    except StepFailed:
+        pass  # not a virtio machine: its disks have their drivers
     for path in glob.glob("/sys/block/*/serial"):
         if read_attr(path) == serial:
             return {"device": "/dev/" + path.split("/")[3]}
-    return {"failed": {"step": "disk", "errno": 0,
-                       "detail": f"no block device with serial {serial!r} on this host"}}
+    return {"device": ""}
+
+
+def stable_ids(nqn: str) -> dict:
+    """The subsystem's serial and the namespace's UUID and NGUID, the same at every export of
+    nqn: nvmet makes random ones per namespace, and a host that reconnects to a namespace
+    whose identifiers changed removes it ("identifiers changed for nsid 1",
+    nvme_validate_ns; the NVMe base specification: a namespace's NGUID and UUID do not change
+    for its life). A target restored after a reboot keeps them, as nvmetcli's saved
+    configuration does."""
+    u = uuid.uuid5(uuid.NAMESPACE_URL, nqn)
+    return {"uuid": str(u), "nguid": str(uuid.UUID(bytes=u.bytes[::-1])),
+            "serial": u.hex[:20]}
 
 
 @answered
@@ -72,10 +89,15 @@ def target_up(lab, nqn: str, device: str, address: str, port: int) -> dict:
         sub = os.path.join(root, "subsystems", nqn)
         _mkdir(sub)
         write_attr(os.path.join(sub, "attr_allow_any_host"), "1")
+        ids = stable_ids(nqn)
+        if read_attr(os.path.join(sub, "attr_serial")) != ids["serial"]:
+            write_attr(os.path.join(sub, "attr_serial"), ids["serial"])
         ns = os.path.join(sub, "namespaces", "1")
         _mkdir(ns)
         if read_attr(os.path.join(ns, "enable")) != "1":
             write_attr(os.path.join(ns, "device_path"), device)
+            write_attr(os.path.join(ns, "device_uuid"), ids["uuid"])
+            write_attr(os.path.join(ns, "device_nguid"), ids["nguid"])
             write_attr(os.path.join(ns, "enable"), "1")
         p = os.path.join(root, "ports", PORT_ID)
         _mkdir(p)

@@ -29,7 +29,7 @@ import time
 import weakref
 
 from ...paths import switch_binary
-from ..machine import MachineError, Result  # noqa: F401  (Result: what run() returns)
+from ..machine import SPARE_DISK_SERIAL, MachineError, Result  # noqa: F401  (Result: what run() returns)
 from . import initrd as initrd_mod
 from . import kernel as kernel_mod
 from . import moddep, prepare
@@ -47,6 +47,7 @@ BOOT_DEADLINE_S = 120.0
 SILENT_BOOT_S = 90.0
 INIT_MARKER = "vmlab-init:"
 SOCK_PATH_MAX = 100  # sun_path is 108 bytes
+DISK_MB = 256  # the spare disk's size (sparse)
 KEEP_RUNS = 8  # run directories (logs, shares) kept under kernel.STATE/run (.cache/vmlab/run)
 
 _live: "weakref.WeakSet[Vm]" = weakref.WeakSet()
@@ -165,6 +166,10 @@ class Vm:
         self.boots = 0
         self.started_at = 0.0
         self.share.mkdir(parents=True, exist_ok=True)
+        self.disk = self.dir / "disk.img"
+        if not self.disk.exists():
+            with open(self.disk, "wb") as f:
+                f.truncate(DISK_MB << 20)  # sparse: costs what is written
         if len(str(self.sock)) > SOCK_PATH_MAX:
             raise VmError(f"socket path too long for sun_path: {self.sock}")
         _live.add(self)
@@ -202,6 +207,10 @@ class Vm:
             "-device", f"virtio-net-pci,netdev=d0,mac={s.data_mac},romfile=",
             "-netdev", f"user,id=m0,restrict=on,{fwd}",
             "-device", f"virtio-net-pci,netdev=m0,mac={s.ctl_mac},romfile=",
+            # The spare disk a workload's target exports (rdmalab.workloads): a file of this
+            # VM's folder, so it outlives the guest's reboots as a real disk does.
+            "-drive", f"file={self.disk},if=none,id=disk0,format=raw,cache=writeback",
+            "-device", f"virtio-blk-pci,drive=disk0,serial={SPARE_DISK_SERIAL}",
         ]
 
     # ---- lifecycle -------------------------------------------------------------------
