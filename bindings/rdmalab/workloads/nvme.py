@@ -78,6 +78,11 @@ class NvmeOf(Workload):
         self.ctrl, self.device = got["ctrl"], got["device"]
         self.wait_state("live", deadline_s)
 
+    def remove_target(self) -> float:
+        """The target's port, namespace and subsystem removed (its controllers deleted, their
+        QPs drained), with the initiator still connected: the seconds it took."""
+        return self.on(self.target, "target_down", self.nqn)["took_s"]
+
     def teardown(self, deadline_s: float = 120.0) -> None:
         """Disconnects (within deadline_s, else WorkloadError) and removes the target."""
         if self._ledger is not None:

@@ -119,6 +119,7 @@ def target_up(lab, nqn: str, device: str, address: str, port: int) -> dict:
 def target_down(lab, nqn: str) -> dict:
     """Undoes target_up, innermost first (the port's link, the port, the namespace, the
     subsystem): what is already gone is skipped."""
+    t0 = time.monotonic()
     with step(lab, WORKLOAD, "target_down", nqn=nqn):
         root = _nvmet()
         sub = os.path.join(root, "subsystems", nqn)
@@ -135,7 +136,7 @@ def target_down(lab, nqn: str) -> dict:
                     undo(path)
             except OSError as e:
                 raise StepFailed(f"remove {path}", e.errno or 0, e.strerror or "") from None
-        return {}
+        return {"took_s": time.monotonic() - t0}
 
 
 def _controllers(nqn: str) -> list[str]:
