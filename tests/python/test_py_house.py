@@ -19,7 +19,8 @@ FLOOR = {"_core", "errors", "names", "paths", "progress", "kernel", "protocol", 
 # Each room and the rooms it may import besides the floor (docs/DESIGN.md, "The rooms").
 MAY_IMPORT = {
     "faults": set(),
-    "checkers": {"faults"},                   # the wire records' vocabulary (faults.records)
+    "checkers": {"faults",                    # the wire records' vocabulary (faults.records)
+                 "workloads"},                # the workload records' (workloads.records)
     "findings": set(),
     "workloads": {"machines"},                # the Machine protocol's facts (the spare disk)
     "machines": {"agent"},                    # the container demo drives an agent

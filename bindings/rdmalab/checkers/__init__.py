@@ -5,8 +5,10 @@
         assert r.verdict != "invalid", r.problems
 
 Each module in ALL has NAME and check(history, ctx) -> Result (base.py): completions,
-handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded, xrc. check_all runs them
-in that order; names= picks some by NAME. rdmalab.run.checks is the older API over the same rules.
+handlers, acks, holds, cm_terminal, cm_sequence, leftovers, bounded, xrc, workloads (kernel
+ULP workloads: safety, I/O errors only where a timeout allows, liveness, teardown). check_all
+runs them in that order; names= picks some by NAME. rdmalab.run.checks is the older API over
+the same rules.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from ..protocol import VIRTUAL_TIME
 from .base import INVALID, UNKNOWN, VALID, Context, Problem, Result
 
 _ORDER = ("completions", "handlers", "acks", "holds", "cm_terminal", "cm_sequence",
-          "leftovers", "bounded", "xrc")
+          "leftovers", "bounded", "xrc", "workloads")
 
 
 def _load() -> list:
@@ -65,10 +67,11 @@ def check_all(history: list, ctx: Optional[Context] = None,
 
 
 def context_of(lab) -> Context:
-    """The Context a lab gives its checkers: each host's transport, and on a lab with virtual
-    time (the model) the personality (hosts of several personalities: their names joined by
-    ","). Elsewhere caps.personality is a driver's name, not one of the model's rule sets, and
-    the rules it selects (completions' flush grace) are bounds in virtual time."""
+    """The Context a lab gives its checkers: each host's transport, the lab's tolerance_ns, and
+    on a lab with virtual time (the model) the personality (hosts of several personalities:
+    their names joined by ","). Elsewhere caps.personality is a driver's name, not one of the
+    model's rule sets, and the rules it selects (completions' flush grace) are bounds in
+    virtual time."""
     transports, personalities, err_posts = {}, set(), {}
     for name in lab.hosts:
         try:
@@ -81,7 +84,7 @@ def context_of(lab) -> Context:
     virtual = lab.has(VIRTUAL_TIME)
     return Context(transports=transports, err_posts=err_posts,
                    personality=",".join(sorted(personalities)) if virtual and personalities
-                   else None)
+                   else None, tolerance_ns=lab.tolerance_ns)
 
 
 __all__ = ["ALL", "Context", "INVALID", "Problem", "Result", "UNKNOWN", "VALID", "check_all",

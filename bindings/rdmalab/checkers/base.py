@@ -50,12 +50,16 @@ class Result:
 @dataclasses.dataclass(frozen=True)
 class Context:
     """What a checker may need beyond the records: each host's transport ("IB", "RoCE",
-    "iWARP"), read from the lab by the caller (lab.host(h).caps().transport)."""
+    "iWARP"), read from the lab by the caller (lab.host(h).caps().transport), and the lab's
+    tolerance in time bounds."""
     transports: dict = dataclasses.field(default_factory=dict)   # host -> transport
     personality: Optional[str] = None                            # model labs
     # host -> caps.err_post ("flush", "refuse", "flush_at_once", "strand"): what its provider
     # does with a WR posted to a QP in ERR
     err_posts: dict = dataclasses.field(default_factory=dict)
+    # slack a device gets in time bounds the model does not predict (Lab.tolerance_ns: 0 on
+    # the model): a kernel's timers, a watcher's polling, the clocks of two hosts
+    tolerance_ns: int = 0
 
     def transport(self, host: str) -> str:
         return self.transports.get(host, "")
