@@ -1,5 +1,6 @@
 """python3 -m rdmalab swarm --lab LAB [--seeds N | --minutes M] [--first-seed S] [--steps 30]
                             [--workers 2] [--out DIR] [--mutation NAME] [--no-shrink]
+python3 -m rdmalab swarm --workload KIND --lab LAB [--seeds N] [--first-seed S] [--out DIR]
 python3 -m rdmalab replay FILE --lab LAB [--lab LAB ...] [--out DIR] [--mutation NAME]
 
 swarm --lab model[:p1,p2]: seeds on the model (every personality in turn when none is named),
@@ -8,10 +9,14 @@ with its replay command, then shrunk to DIR/fail-<p>-<seed>.shrunk.json.
 swarm --lab vm:rxe (vm:siw, netns:rxe, inventory:PATH): the same seeds' schedules run on the
 device through pytest, the model twin's run is the oracle, and each divergence is written as
 a candidate finding in DIR/candidates/.
+swarm --workload nvme --lab vm:rxe (vm:siw, inventory:PATH): each seed draws a fault campaign
+against a running kernel ULP (rdmalab.schedules.swarm_workload), run on the device through
+pytest and judged by every checker; the model has no kernel ULPs, so there is no twin run.
 
 replay: one schedule on each lab. Model labs run in this process with the schedule's seed;
 device labs through pytest and the rdmalab plugin (the same lab set-up as `rdmalab run`). With
-a model lab and a device lab it prints where their outcomes differ.
+a model lab and a device lab it prints where their outcomes differ; a schedule with a workload
+is judged on the device alone (the model refuses it).
 
 Exit status: 0 all valid and no divergence, 1 a failure or a divergence, 2 bad input (an
 option, a lab, a mutation name or the schedule file refused before anything ran; a malformed
@@ -33,11 +38,16 @@ from ..findings.agreement import twin as model_twin
 from ..paths import REPO
 from ..schedules import differential, shrink, swarm as sw
 from ..schedules.schedule import Schedule
+from ..schedules.swarm_workload import draw_workload
+from ..schedules.workload_ops import KINDS
 from . import inputs
 from .inputs import BadInput
 
 SCENARIO = pathlib.Path(sw.__file__).resolve().parent / "scenario.py"  # schedules/scenario.py
 PROGRESS_S = 30.0
+# A workload campaign's pytest bound: set-up, faults of up to a minute each, reboots of a TCG
+# guest, the liveness bound (~3 min), teardown.
+WORKLOAD_TIMEOUT_S = 1800.0
 
 
 def parser(command: str) -> argparse.ArgumentParser:
@@ -61,6 +71,9 @@ def parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--workers", type=int, default=2, help="processes (2)")
         p.add_argument("--no-shrink", action="store_true")
         p.add_argument("--stop-at-first", action="store_true")
+        p.add_argument("--workload", choices=sorted(KINDS), default=None,
+                       help="fault campaigns against a running kernel ULP of this kind (a lab "
+                       "with kernel ULPs: vm:rxe, vm:siw, inventory:PATH)")
     return p
 
 
@@ -88,6 +101,11 @@ def check_args(command: str, args) -> None:
     inputs.count(args.first_seed, "--first-seed", 0)
     inputs.count(args.steps, "--steps", 1, 500)
     inputs.count(args.workers, "--workers", 1, 64)
+    models = [lab for lab in args.lab if model_personalities(lab) is not None]
+    if args.workload and models:
+        raise BadInput(f"--workload {args.workload} --lab {models[0]}: the model runs no kernel "
+                       "ULPs; a workload needs a lab with kernel_ulp (vm:rxe, vm:siw, "
+                       "inventory:PATH)")
 
 
 def column(lab: str) -> str:
@@ -110,7 +128,9 @@ def swarm(args) -> int:
     labs_model = [(lab, model_personalities(lab)) for lab in args.lab]
     rc = 0
     for lab, pers in labs_model:
-        if pers is None:
+        if args.workload:
+            rc = max(rc, swarm_workload(args, lab, out))
+        elif pers is None:
             rc = max(rc, swarm_device(args, lab, out))
         else:
             rc = max(rc, swarm_model(args, pers, out))
@@ -189,6 +209,19 @@ def swarm_device(args, lab: str, out: pathlib.Path) -> int:
     return compare(args, lab, paths, out)
 
 
+def swarm_workload(args, lab: str, out: pathlib.Path) -> int:
+    """Draws a workload campaign per seed (for the device's twin personality: its CM's
+    messages) and runs each on the device, judged by the checkers alone."""
+    p, kind = twin(lab), args.workload
+    paths = [draw_workload(seed, kind, p).dump(out / "schedules" / f"{kind}-{p}-{seed}.json")
+             for seed in range(args.first_seed, args.first_seed + (args.seeds or 5))]
+    return verdicts(args, [lab], paths, out)
+
+
+def has_workload(schedule: Schedule) -> bool:
+    return any(st["op"] == "workload" for st in schedule.steps)
+
+
 def _fit_hosts(s: Schedule, n: int) -> Schedule:
     """A device lab has n hosts: steps on hosts past them are dropped, and with them every
     step naming a connection they made."""
@@ -220,7 +253,9 @@ def replay(args) -> int:
             continue
         for p in pers:
             rc = max(rc, replay_model(schedule, p, args.mutation))
-    if devices:
+    if devices and has_workload(schedule):  # the model refuses it: no twin to compare with
+        rc = max(rc, verdicts(args, devices, [pathlib.Path(args.file)], out))
+    elif devices:
         oracle = next((pers[0] for _, pers in labs if pers), None)
         rc = max(rc, compare(args, devices, [pathlib.Path(args.file)], out, oracle))
     return rc
@@ -283,7 +318,39 @@ def compare(args, labs, paths: list[pathlib.Path], out: pathlib.Path,
     return max(rc, 1 if n_div else 0)
 
 
-def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathlib.Path) -> int:
+def verdicts(args, labs: list[str], paths: list[pathlib.Path], out: pathlib.Path) -> int:
+    """Each schedule on the device labs (pytest), judged by the checkers alone: prints each
+    step's result and the verdict, and a failure's problems and replay command."""
+    results = out / "device"
+    rc = run_devices(args, labs, paths, results, timeout_s=WORKLOAD_TIMEOUT_S)
+    failed = 0
+    for lab in labs:
+        for path in paths:
+            got = results / column(lab) / f"{path.stem}.json"
+            if not got.exists():
+                print(f"{lab} {path.name}: no result (see {out}/pytest.log)")
+                rc, failed = 1, failed + 1
+                continue
+            dev = json.loads(got.read_text())
+            refused = [r for r in dev["results"] if r["op"] == "workload" and
+                       r["result"] == "unsupported"]
+            state = ("skipped: " + refused[0]["detail"] if refused else
+                     "FAILED " + ", ".join(dev["signature"]) if dev["signature"] else "valid")
+            print(f"{lab} {path.name}: {state}")
+            for r in dev["results"]:
+                print(f"  {r['i']:>2} {r['op']} {r['result']}"
+                      + (f": {r['detail'][:160]}" if r.get("detail") else ""))
+            if dev["signature"]:
+                rc, failed = 1, failed + 1
+                for line in dev["problems"][:10]:
+                    print(f"  {line[:300]}")
+                print(f"  replay: python3 -m rdmalab replay {path} --lab {lab}")
+    print(f"workload campaigns: {len(paths)} schedule(s) x {len(labs)} lab(s), {failed} failed")
+    return rc
+
+
+def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathlib.Path,
+                timeout_s: Optional[float] = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     listing = results / "schedules.txt"
     listing.write_text("".join(f"{p.resolve()}\n" for p in paths))
@@ -297,6 +364,8 @@ def run_devices(args, labs: list[str], paths: list[pathlib.Path], results: pathl
            *[x for lab in labs for x in ("--lab", lab)]]
     if args.kernel:
         cmd += ["--kernel", args.kernel]
+    if timeout_s:
+        cmd += ["--rdmalab-timeout", str(timeout_s)]
     log = results.parent / "pytest.log"
     print(f"rdmalab: {len(paths)} schedule(s) on {', '.join(labs)} (log {log})", flush=True)
     with open(log, "w") as fh:

@@ -1,7 +1,8 @@
 """The ops of a schedule (rdmalab.schedules.schedule OPS) but XRC's, as the Runner
 (rdmalab.schedules.runner) takes them from Ops (`_op_<op>`): connect (the client's whole active
 side, the server application accepting), recv, post, hold and release acks, disconnect, drain,
-destroy, async events, kill, reboot, port down and up, wire rules and waits; and the
+destroy, async events, kill, reboot, port down and up, rdma link delete and add, wire rules
+and waits; and the
 connections they make (Conn, Side). An op returns its result's detail; an expected failure
 (a post on a dead QP) raises Error, a wait that must end and does not raises Hung.
 """
@@ -203,6 +204,7 @@ class Ops:
             if side.host == st["host"]:
                 side.closed = True
         self._xrc_dead(st["host"])
+        self._workloads_rebooted(st["host"])
         # The schedule goes on once the host is back, on every lab: a device's reboot returns
         # only then (a VM boots in tens of seconds), the model's at once (back after down_ns).
         # Without this the model's next steps met a host still down (EHOSTDOWN) that the
@@ -216,6 +218,15 @@ class Ops:
 
     def _op_port_up(self, st: dict) -> str:
         self.lab.faults.port_up(st["host"])
+        return ""
+
+    def _op_rdma_link_delete(self, st: dict) -> str:
+        self._poll_all()  # what completed before: the device's CQs go with it
+        self.lab.faults.rdma_link_delete(st["host"])
+        return ""
+
+    def _op_rdma_link_add(self, st: dict) -> str:
+        self.lab.faults.rdma_link_add(st["host"], st.get("deadline_ns", sec(30)) / 1e9)
         return ""
 
     def _op_rule(self, st: dict) -> str:

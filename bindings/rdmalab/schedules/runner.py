@@ -18,6 +18,7 @@ from ..errors import DeadlineExceeded, Error, FaultNotSupported, HostLost, Hung
 from .moments import Moments
 from .ops import Conn, Ops, Side
 from .schedule import DESTROY_NS, OUTCOME_NS, TRIGGERS, Schedule, ScheduleError
+from .workload_ops import WorkloadOps
 from .xrc import XrcOps
 
 _BASE_PORT = 18000
@@ -37,10 +38,10 @@ class Outcome:
     missed: list[str] = dataclasses.field(default_factory=list)
 
 
-class Runner(Moments, Ops, XrcOps):
+class Runner(Moments, Ops, XrcOps, WorkloadOps):
     """One schedule on one lab: the run and its results here, with the objects the steps use
-    and the teardown; the moments from Moments (moments.py), the ops from Ops (ops.py) and
-    XrcOps (xrc.py)."""
+    and the teardown; the moments from Moments (moments.py), the ops from Ops (ops.py),
+    XrcOps (xrc.py) and WorkloadOps (workload_ops.py)."""
 
     def __init__(self, lab, schedule: Schedule, *, outcome_ns: int = OUTCOME_NS,
                  destroy_ns: int = DESTROY_NS, settle_ns: Optional[int] = None):
@@ -69,6 +70,7 @@ class Runner(Moments, Ops, XrcOps):
         self.port = _BASE_PORT
         self._reused: dict[str, bool] = {}   # host -> a QPN was handed out again
         self._xrc_init()                     # XRC domains and senders (xrc.py)
+        self._workload_init()                # the workloads (workload_ops.py)
 
     # -- the run
     def run(self) -> Outcome:
@@ -125,7 +127,7 @@ class Runner(Moments, Ops, XrcOps):
         that Python's collector cannot see, which kept every seed's objects alive (about
         650 KB a seed in the swarm)."""
         for d in (self.conns, self.channels, self.dispatchers, self.procs, self.rules,
-                  self.msg_watch, self.xrcs, self.xrc_senders):
+                  self.msg_watch, self.xrcs, self.xrc_senders, self.workloads):
             d.clear()
         self.every_proc.clear()
         self.triggers.clear()
@@ -275,6 +277,7 @@ class Runner(Moments, Ops, XrcOps):
             # What follows is the harness's cleanup, not the schedule: the differential stops
             # comparing here (a close "at once" races the peer's DREQ on a device).
             self.lab.record("teardown_begin", object="schedule")
+            self._workload_teardown()  # before the connections: a ULP's own cleanup first
             for side in self._sides():
                 if not self._cleanup(self._close, side):
                     break

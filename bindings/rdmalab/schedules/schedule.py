@@ -1,7 +1,7 @@
-"""Fault schedules as data (JSON): connections, traffic and faults, each step at once, after a
-delay or at a named protocol moment. Hand-written scenarios may run one; the swarm
-(rdmalab.schedules.swarm) draws them; `python3 -m rdmalab replay FILE --lab ...` replays one
-on any lab.
+"""Fault schedules as data (JSON): connections, traffic, workloads and faults, each step at
+once, after a delay or at a named protocol moment. Hand-written scenarios may run one; the
+swarm (rdmalab.schedules.swarm, swarm_workload) draws them; `python3 -m rdmalab replay FILE
+--lab ...` replays one on any lab.
 
     {"rdmalab_schedule": 1, "hosts": ["a", "b"], "seed": 7, "personality": "roce",
      "steps": [
@@ -50,7 +50,7 @@ OUTCOME_NS = sec(400)
 DESTROY_NS = sec(10)
 
 # op -> {field: type}; "conn"/"side"/"host"/"process" are checked against the schedule.
-_C, _S, _H = "conn", "side", "host"
+_C, _S, _H, _W = "conn", "side", "host", "workload"
 OPS: dict[str, dict[str, Any]] = {
     "connect": {"conn": str, "client": str, "server": str, "client_process": str,
                 "server_process": str},
@@ -75,6 +75,18 @@ OPS: dict[str, dict[str, Any]] = {
     "xrc_recv": {"xrc": str, "srq": int, "n": int},
     "xrc_send": {"sender": str, "srq": int, "n": int},
     "xrc_close": {"xrc": str, "process": str, "what": str},
+    "rdma_link_delete": {_H: str},
+    "rdma_link_add": {_H: str, "deadline_ns": int},
+    # Workloads (kernel ULPs): one declared by name and kind, then its steps (workload_ops.py).
+    "workload": {_W: str, "kind": str, "target": str, "initiator": str, "options": dict},
+    "workload_setup": {_W: str, "deadline_ns": int},
+    "workload_export": {_W: str},
+    "workload_connect": {_W: str, "deadline_ns": int},
+    "workload_start_io": {_W: str, "blocks": int},
+    "workload_wait_state": {_W: str, "state": str, "within_ns": int},
+    "workload_stop_io": {_W: str, "deadline_ns": int},
+    "workload_verify": {_W: str},
+    "workload_teardown": {_W: str, "deadline_ns": int},
 }
 _REQUIRED = {
     "connect": ("conn", "client", "server"), "recv": (_C, _S), "post": (_C, _S),
@@ -85,6 +97,9 @@ _REQUIRED = {
     "wait": ("ns",),
     "xrc_open": ("xrc", _H, "creator"), "xrc_connect": ("xrc", "sender", _H),
     "xrc_recv": ("xrc", "srq"), "xrc_send": ("sender", "srq"), "xrc_close": ("xrc", "process"),
+    "rdma_link_delete": (_H,), "rdma_link_add": (_H,),
+    "workload": (_W, "kind", "target", "initiator"), "workload_wait_state": (_W, "state"),
+    **{op: (_W,) for op in OPS if op.startswith("workload_") and op != "workload_wait_state"},
 }
 XRC_CLOSE = ("all", "qp")   # xrc_close: every object of the process's part, or its QP handle
 XRC_MAX_SRQ = 8
@@ -143,6 +158,12 @@ def personalities() -> list[str]:
     """The model's personalities (rdmalab.labs.engine.personalities)."""
     from ..labs.engine import personalities as every  # deferred: read at validation
     return every()
+
+
+def check_workload(step: dict, declared: dict, hosts: list, at: str) -> None:
+    """A workload step's own checks against its kinds' table (workload_ops.check_step)."""
+    from .workload_ops import check_step  # deferred: the workload classes, read at validation
+    check_step(step, declared, hosts, at)
 
 
 def check_wire_rule(rule: dict) -> None:
@@ -236,6 +257,7 @@ class Schedule:
         rules: set[str] = set()
         xrcs: dict[str, dict] = {}      # xrc name -> its xrc_open step
         senders: dict[str, dict] = {}   # sender name -> its xrc_connect step
+        workloads: dict[str, dict] = {}  # workload name -> its workload step
         for i, step in enumerate(self.steps):
             at = f"{where}: step {i}"
             if not isinstance(step, dict):
@@ -269,6 +291,8 @@ class Schedule:
                 raise ScheduleError(f"{at} (unrule): no rule named {step['name']!r} before")
             elif op.startswith("xrc_"):
                 _check_xrc(step, xrcs, senders, f"{at} ({op})")
+            elif op.startswith("workload"):
+                check_workload(step, workloads, self.hosts, f"{at} ({op})")
 
     def _check_head(self, where: str) -> None:
         """The schedule's own fields (a Schedule made in code is checked as a file's is)."""
@@ -303,7 +327,9 @@ class Schedule:
             raise ScheduleError(f"{at}: event {step['event']!r}: {', '.join(ASYNC_EVENTS)}")
         # wr_ids are (step + 1) * 1000 + k (runner._wr): n stays below 1000
         _ranges(step, {"n": (0, 999), "srq": (0, None), "ns": (0, MAX_NS),
-                       "down_ns": (0, MAX_NS), "driver_delay_ns": (0, MAX_NS)}, at)
+                       "down_ns": (0, MAX_NS), "driver_delay_ns": (0, MAX_NS),
+                       "deadline_ns": (0, MAX_NS), "within_ns": (0, MAX_NS),
+                       "blocks": (1, None)}, at)
 
     def _check_moment(self, at_obj: Any, conns: set, at: str) -> None:
         if not isinstance(at_obj, dict) or not isinstance(at_obj.get("moment"), str) or \

@@ -8,6 +8,10 @@ step taken away can take with it the reason another step's moment had to come. S
 the swarm drew (its meta has the swarm's "knobs") gets its may_miss marks anew for each
 candidate (rdmalab.schedules.may_miss.mark_may_miss), and a moment missed only because a cut took its
 cause away is no failure of the candidate. A hand-written schedule's marks stay as written.
+
+A workload's frame (FRAME_OPS: its declaration, set-up, I/O, the wait for its working state,
+the read-back and teardown) stays in every candidate: without it a campaign tests nothing.
+Its faults and their heals are cut like any step.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from .may_miss import mark_may_miss
 from .schedule import Schedule, ScheduleError
 
 Fails = Callable[[Schedule], bool]
+FRAME_OPS = ("workload", "workload_setup", "workload_start_io", "workload_wait_state",
+             "workload_stop_io", "workload_verify", "workload_teardown")
 
 
 def shrink(schedule: Schedule, fails: Fails, max_runs: int = 600,
@@ -78,15 +84,20 @@ def _names(step: dict, conn: str) -> bool:
     return step.get("conn") == conn or (step.get("at") or {}).get("conn") == conn
 
 
+def _free(s: Schedule) -> list[int]:
+    """The positions of the steps a cut may take: all but a workload's frame."""
+    return [k for k, st in enumerate(s.steps) if st["op"] not in FRAME_OPS]
+
+
 def _drop_chunks(s: Schedule, still) -> Schedule | None:
     """ddmin's complement step: halves, quarters, ... down to single steps."""
-    n = len(s.steps)
-    size = max(1, n // 2)
+    size = max(1, len(_free(s)) // 2)
     changed = None
     while size >= 1:
         i = 0
-        while i < len(s.steps):
-            steps = s.steps[:i] + s.steps[i + size:]
+        while i < len(_free(s)):
+            cut = set(_free(s)[i:i + size])
+            steps = [st for k, st in enumerate(s.steps) if k not in cut]
             got = still(s.with_steps(steps)) if steps != s.steps else None
             if got is not None:
                 s, changed = got, got
