@@ -8,7 +8,8 @@ Arrows: exactly one per `cm_send` record (the model's CM messages) and per `wire
 frame the switch or bridge received on a device lab), nothing else is an arrow. Everything
 else worth seeing is a mark beside its lane: CM events, async events, completions, QP and cm_id
 state changes, faults where they acted (the switch's drop/delay/duplicate/corrupt at the switch
-lane, a model fabric fault between the two hosts).
+lane, a model fabric fault between the two hosts), and a workload's steps, unit states, I/O
+errors and resumptions and read-back (its once-a-second I/O progress is not drawn).
 
 Rows are ordinal (one per drawn record, so a burst at one instant stays readable) with a little
 extra room for elapsed time; a stretch of at least QUIET_NS between two notable records (see
@@ -41,6 +42,9 @@ HIDDEN = {"cm_event_read", "cm_event_dispatched", "cm_event_ack", "async_event_r
           "async_event_ack", "event_dispatched", "handler_begin", "handler_end",
           "cm_handler_begin", "cm_handler_end", "lab_start", "fabric_options", "cm_create",
           "cm_retry"}  # (a retry's message arrow says #attempt)
+# A workload's io record of this phase comes once a second (rdmalab.workloads.records): not
+# drawn; its "errors" and "resumed" phases are.
+IO_PROGRESS = ("io", "progress")
 # Traffic: what a quiet stretch may hold (retries, frames, the switch acting on them).
 TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "cm_stale",
            "retransmit", "wire", "switch_watch", "switch_drop", "switch_delay",
@@ -49,6 +53,14 @@ TRAFFIC = {"cm_send", "cm_recv", "cm_retry", "cm_unexpected", "cm_duplicate", "c
 # Marks a loop repeats: a long run of them is summarised (_items).
 BULKABLE = {"post", "wc", "retransmit", "switch_watch", "switch_drop", "switch_delay",
             "switch_duplicate", "switch_corrupt", "switch_reorder", "switch_release"}
+
+
+def _drawn(rec: dict) -> bool:
+    """Whether a record has a row: not the event channels' plumbing, not I/O progress."""
+    kind = rec["kind"]
+    if kind in HIDDEN:
+        return False
+    return (kind, (rec.get("data") or {}).get("phase")) != IO_PROGRESS
 
 
 def shown(rec: dict) -> dict:
@@ -195,7 +207,7 @@ def _items(records: list[dict]) -> list[_Item]:
         run.clear()
     for rec in records:
         kind = rec["kind"]
-        if kind in HIDDEN:
+        if not _drawn(rec):
             continue
         if kind in BULKABLE or (kind == "wire" and run):
             run.append(rec)
