@@ -59,6 +59,7 @@ Classifier::Classifier(std::shared_ptr<Metrics> metrics, std::string backend,
     : metrics_(std::move(metrics)),
       backend_(std::move(backend)),
       devices_(std::move(devices)),
+      workloads_(metrics_),
       max_pending_(max_pending > 0 ? max_pending : 1) {}
 
 Source Classifier::source(const std::string& host) const {
@@ -78,6 +79,7 @@ void Classifier::observe(const HistoryRecord& r) {
   if (k == "async_event") return metrics_->async_event(source(r.host), str(r.data, "event"));
   if (k == "wc") return metrics_->work_completion(source(r.host), str(r.data, "status"));
   if (k == "fault") return on_fault(r, source(r.host));
+  if (WorkloadClassifier::counts(k)) return workloads_.observe(r, source(r.host));
   if (k == "drain_end") {
     const double s = static_cast<double>(num(r.data, "elapsed_ns", 0)) * kSecondsPerNs;
     metrics_->drain_latency(source(r.host), str(r.data, "method"), s);

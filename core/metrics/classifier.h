@@ -6,6 +6,7 @@
 //   fault {fault}                        rdmalab_faults_total{kind}
 //   fault on "fabric" (drop/delay/dup)   rdmalab_switch_frames_total{type, action} as well
 //   drain_end {elapsed_ns, method}       rdmalab_drain_seconds{method}
+//   workload, ulp_state, io, io_verify   a workload's metrics (workload.h)
 //
 // Latencies, on the lab's clock (virtual time in the model), per CM id (host + object label):
 //   connect:        the id's rdma_connect call -> its ESTABLISHED event (the active side; a
@@ -24,6 +25,7 @@
 #include <string>
 
 #include "metrics/metrics.h"
+#include "metrics/workload.h"
 #include "rdmalab/history.h"
 
 namespace rdmalab::metrics {
@@ -58,6 +60,7 @@ class Classifier {
   std::shared_ptr<Metrics> metrics_;
   std::string backend_;
   std::map<std::string, std::string> devices_;
+  WorkloadClassifier workloads_;
   size_t max_pending_;
   mutable std::mutex mu_;
   std::map<std::string, Pending> pending_;

@@ -40,6 +40,12 @@ Labels with(const Source& s, Labels more) {
   return more;
 }
 
+Labels with(const WorkloadSource& w, Labels more) {
+  more.emplace("workload", bounded(w.workload));
+  more.emplace("host", bounded(w.host));
+  return with(w.source, std::move(more));
+}
+
 // IB CM REJ reasons (IBTA table 112) the stack names; rdmalab.api.cm_values.REJ_REASON has the same.
 const char* rej_reason(int status) {
   switch (status) {
@@ -161,7 +167,17 @@ Metrics::Metrics()
                          "rdma_connect to ESTABLISHED, on the lab's clock")),
       disconnect_(histogram(*registry_, "rdmalab_cm_disconnect_seconds",
                             "First rdma_disconnect to DISCONNECTED or TIMEWAIT_EXIT (until)")),
-      drain_(histogram(*registry_, "rdmalab_drain_seconds", "QP drain, begin to end")) {}
+      drain_(histogram(*registry_, "rdmalab_drain_seconds", "QP drain, begin to end")),
+      steps_(counter(*registry_, "rdmalab_workload_steps_total",
+                     "Workload steps (set up, connect, I/O, tear down) by step and outcome")),
+      ulp_states_(counter(*registry_, "rdmalab_ulp_state_changes_total",
+                          "States a workload's kernel ULP unit entered, by state")),
+      io_(counter(*registry_, "rdmalab_workload_io_total",
+                  "A workload's I/O operations by op and result (ok, error)")),
+      verify_(counter(*registry_, "rdmalab_workload_verify_blocks_total",
+                      "Blocks a workload's read-back found matched, pending, lost or corrupt")),
+      recovery_(histogram(*registry_, "rdmalab_ulp_recovery_seconds",
+                          "A ULP unit out of its working state until working again")) {}
 
 Metrics::~Metrics() {
   stop_serving();
@@ -259,6 +275,35 @@ void Metrics::disconnect_latency(const Source& s, const std::string& until, doub
 
 void Metrics::drain_latency(const Source& s, const std::string& method, double seconds) {
   drain_.Add(with(s, {{"method", bounded(method)}}), latency_buckets()).Observe(seconds);
+}
+
+void Metrics::workload_step(const WorkloadSource& w, const std::string& step, bool ok) {
+  // Both outcomes exist once the step is seen: a first failure shows as an increase.
+  Counter& ok_steps = steps_.Add(with(w, {{"step", bounded(step)}, {"outcome", "ok"}}));
+  Counter& failed = steps_.Add(with(w, {{"step", bounded(step)}, {"outcome", "failed"}}));
+  (ok ? ok_steps : failed).Increment();
+}
+
+void Metrics::ulp_state(const WorkloadSource& w, const std::string& state) {
+  ulp_states_.Add(with(w, {{"state", bounded(state)}})).Increment();
+}
+
+void Metrics::workload_io(const WorkloadSource& w, const std::string& op, double ok,
+                          double errors) {
+  io_.Add(with(w, {{"op", bounded(op)}, {"result", "ok"}})).Increment(std::max(ok, 0.0));
+  io_.Add(with(w, {{"op", bounded(op)}, {"result", "error"}})).Increment(std::max(errors, 0.0));
+}
+
+void Metrics::verify_blocks(const WorkloadSource& w, const std::string& result, double blocks) {
+  verify_.Add(with(w, {{"result", bounded(result)}})).Increment(std::max(blocks, 0.0));
+}
+
+void Metrics::declare_workload(const WorkloadSource& w) {
+  recovery_.Add(with(w, {}), latency_buckets());
+}
+
+void Metrics::ulp_recovery(const WorkloadSource& w, double seconds) {
+  recovery_.Add(with(w, {}), latency_buckets()).Observe(seconds);
 }
 
 void Metrics::watch_device_counters(const std::string& root, const std::string& host) {

@@ -1,6 +1,7 @@
 // The engine's Prometheus metrics (prometheus-cpp): what the labs did, by backend and device,
 // for dashboards that show per device and over time what passed, which faults were applied and
-// how long CM and drain took. Fed by a lab's history (attach) and by the controller (scenario
+// how long CM and drain took, and what a workload (a kernel ULP) did and how long its units
+// took to recover. Fed by a lab's history (attach) and by the controller (scenario
 // outcomes, switch frames); exposed by a pull endpoint (serve, loopback by default) for long
 // runs or pushed to a Pushgateway (push) for batch runs. Both are off until asked for.
 //
@@ -35,6 +36,13 @@ namespace rdmalab::metrics {
 struct Source {
   std::string backend;
   std::string device;
+};
+
+// A workload's samples (workload.h): the source, the workload ("nvme") and the host it ran on.
+struct WorkloadSource {
+  Source source;
+  std::string workload;
+  std::string host;
 };
 
 // Latency buckets in seconds: from a model connect (microseconds) to a DREQ given up after 16
@@ -90,6 +98,16 @@ class Metrics : public std::enable_shared_from_this<Metrics> {
   void disconnect_latency(const Source& s, const std::string& until, double seconds);
   void drain_latency(const Source& s, const std::string& method, double seconds);
 
+  // -- workloads (workload.h says which record feeds which)
+  void workload_step(const WorkloadSource& w, const std::string& step, bool ok);
+  void ulp_state(const WorkloadSource& w, const std::string& state);
+  void workload_io(const WorkloadSource& w, const std::string& op, double ok, double errors);
+  // Blocks the read-back found: result "matched", "pending", "lost", "corrupt".
+  void verify_blocks(const WorkloadSource& w, const std::string& result, double blocks);
+  // Creates the workload's recovery histogram at 0 (see declare_device).
+  void declare_workload(const WorkloadSource& w);
+  void ulp_recovery(const WorkloadSource& w, double seconds);
+
   // -- device counters, exported as rdmalab_device_counter{host,device,port,source,counter}
   // Reads root at every collection (scrape, push, text); a missing root exports nothing.
   void watch_device_counters(const std::string& root, const std::string& host);
@@ -130,6 +148,11 @@ class Metrics : public std::enable_shared_from_this<Metrics> {
   prometheus::Family<prometheus::Histogram>& connect_;
   prometheus::Family<prometheus::Histogram>& disconnect_;
   prometheus::Family<prometheus::Histogram>& drain_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& ulp_states_;
+  prometheus::Family<prometheus::Counter>& io_;
+  prometheus::Family<prometheus::Counter>& verify_;
+  prometheus::Family<prometheus::Histogram>& recovery_;
 
   mutable std::mutex mu_;  // the exposer
   std::unique_ptr<prometheus::Exposer> exposer_;

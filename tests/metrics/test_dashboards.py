@@ -3,7 +3,8 @@
 A real Prometheus (Debian's prometheus) and Pushgateway run on loopback with temp storage. The
 scenario suite runs through the CLI on every model personality with the exporter on both ways
 (--metrics-listen and --metrics-push) and with the device counters read from a FAKE sysfs tree
-(a temp directory laid out like /sys/class/infiniband: there is no RDMA device here). Prometheus
+(a temp directory laid out like /sys/class/infiniband: there is no RDMA device here), and a
+test of its own writes a workload's records into its model labs. Prometheus
 scrapes both, evaluates dashboards/prometheus/rules.yml, and then every PromQL expression of
 every Grafana panel and every rule is evaluated through the HTTP API and must return data.
 """
@@ -94,6 +95,29 @@ def test_prometheus_scraped_the_exporter_once():
     raise AssertionError("Prometheus never scraped the exporter")
 '''
 
+WORKLOAD_RECORDS_TEST = '''
+"""A workload's records as an agent lab's hosts write them (the model refuses to run workloads,
+so this writes them itself): the workload panels have data."""
+from rdmalab import ms
+
+
+def test_a_workloads_records(lab):
+    def state(previous, to):
+        lab.record("ulp_state", object="nvme", host="b", unit="nvme0", previous=previous,
+                   state=to)
+    lab.record("workload", object="nvme", host="a", step="target_up", ok=True, took_ns=10)
+    lab.record("workload", object="nvme", host="b", step="connect", ok=True, took_ns=20)
+    state("", "live")
+    lab.record("io", object="nvme", host="b", op="write", phase="progress", ok=100, errors=0)
+    state("live", "resetting")
+    lab.record("io", object="nvme", host="b", op="write", phase="errors", ok=5, errors=1,
+               error="EIO: Input/output error")
+    lab.run_for(ms(20))
+    state("resetting", "live")
+    lab.record("io_verify", object="nvme", host="b", blocks=512, acked=100, matched=100,
+               pending=0, lost=[], lost_count=0, corrupt=[], corrupt_count=0)
+'''
+
 DELIBERATE_FAILURE_TEST = '''
 """Fails on purpose on every device: the RdmalabScenarioFailures alert must fire."""
 
@@ -149,11 +173,13 @@ class Stack:
         lingers after its session so the last values get scraped (the fixture ends it)."""
         (self.tmp / "test_00_first_scrape.py").write_text(FIRST_SCRAPE_TEST)
         (self.tmp / "test_zz_deliberate_failure.py").write_text(DELIBERATE_FAILURE_TEST)
+        (self.tmp / "test_01_workload_records.py").write_text(WORKLOAD_RECORDS_TEST)
         out = self.tmp / "out"
         argv = [sys.executable, "-m", "rdmalab", "run", "--lab", "model", "--out", str(out),
                 "--metrics-listen", f"127.0.0.1:{self.pull_port}",
                 "--metrics-push", self.pushgateway.url,
-                str(self.tmp / "test_00_first_scrape.py"), str(REPO / "tests" / "scenarios"),
+                str(self.tmp / "test_00_first_scrape.py"),
+                str(self.tmp / "test_01_workload_records.py"), str(REPO / "tests" / "scenarios"),
                 str(self.tmp / "test_zz_deliberate_failure.py"),
                 "--", "--metrics-sysfs", str(self.sysfs), "--metrics-linger", "600",
                 "-p", "no:cacheprovider"]
@@ -247,7 +273,9 @@ def test_dashboards_use_the_provisioned_datasource():
 def test_the_dashboards_show_what_the_issue_asks_for():
     titles = " | ".join(p["title"] for d in dashboards().values() for p in panels(d)).lower()
     for wanted in ("scenario outcomes per device", "fault timeline", "cm event rate",
-                   "connect latency", "disconnect latency", "drain latency", "switch drops"):
+                   "connect latency", "disconnect latency", "drain latency", "switch drops",
+                   "workload steps", "ulp unit states", "workload i/o", "ulp recovery time",
+                   "read-back blocks"):
         assert wanted in titles
     exprs = " ".join(e for _, e in panel_queries())
     assert "histogram_quantile" in exprs

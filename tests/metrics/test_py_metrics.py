@@ -5,8 +5,11 @@ device counters from a FAKE sysfs tree (a temp directory), and `rdma statistic` 
 from __future__ import annotations
 
 import http.server
+import json
+import re
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,8 @@ from rdmalab import ms
 from rdmalab.api.resources import CmPair
 
 HTTP_TIMEOUT_S = 5
+# The NVMe-oF campaign's history on vm:rxe (a target reboot), trimmed: the ladder's tests use it too.
+NVME_HISTORY = Path(__file__).resolve().parents[1] / "python" / "nvme_history.jsonl"
 
 
 def series(text: str, prefix: str) -> dict[str, float]:
@@ -197,8 +202,8 @@ class FinishedVmLab:
     through a shutdown hook, the merged history, the device per host. The records are shaped
     as an agent lab merges them."""
 
-    def __init__(self, records):
-        self.records, self.hooks = records, []
+    def __init__(self, records, device="siw"):
+        self.records, self.hooks, self.device = records, [], device
 
     def attach_metrics(self, m):
         self.on_shutdown(m.ingest_lab)
@@ -210,7 +215,7 @@ class FinishedVmLab:
         return self.records
 
     def devices_by_host(self):
-        return {"a": "siw", "b": "siw"}
+        return {"a": self.device, "b": self.device}
 
     def shutdown(self):
         for fn in self.hooks:
@@ -235,6 +240,61 @@ def test_a_vm_lab_is_counted_when_it_shuts_down():
         'rdmalab_cm_events_total{backend="vm",device="siw",event="DISCONNECTED",status="OK"}': 1}
     frames = series(text, "rdmalab_switch_frames_total{")
     assert frames == {'rdmalab_switch_frames_total{action="drop",backend="vm",type="tcp"}': 1}
+
+
+def by_label(text: str, name: str, label: str, **where) -> dict[str, float]:
+    """{value of label: summed samples} of metric name's series whose labels include where."""
+    out: dict[str, float] = {}
+    for key, value in series(text, name + "{").items():
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', key))
+        if all(labels.get(k) == v for k, v in where.items()):
+            out[labels[label]] = out.get(labels[label], 0) + value
+    return out
+
+
+def test_a_workloads_steps_states_io_and_recovery_are_counted_per_workload_and_host():
+    lab = FinishedVmLab([json.loads(line) for line in NVME_HISTORY.read_text().splitlines()],
+                        device="rxe")
+    m = metrics.Metrics().attach(lab)
+    lab.shutdown()
+    text = m.text()
+    nvme = {"backend": "vm", "device": "rxe", "workload": "nvme"}
+    assert by_label(text, "rdmalab_workload_steps_total", "step", host="a", outcome="ok",
+                    **nvme) == {"target_up": 2, "target_down": 1}
+    assert by_label(text, "rdmalab_workload_steps_total", "step", host="b", outcome="ok",
+                    **nvme) == {"connect": 1, "io_start": 1, "io_stop": 1, "disconnect": 1}
+    assert by_label(text, "rdmalab_workload_steps_total", "outcome", **nvme) == \
+        {"ok": 7, "failed": 0}
+    assert by_label(text, "rdmalab_ulp_state_changes_total", "state", host="b", **nvme) == {
+        "live": 2, "resetting": 1, "connecting": 1, "deleting_no_IO": 1, "gone": 1}
+    assert by_label(text, "rdmalab_workload_io_total", "result", host="b", op="write",
+                    **nvme) == {"ok": 148 + 142 + 16 + 181 + 160, "error": 0}
+    assert by_label(text, "rdmalab_workload_verify_blocks_total", "result", host="b",
+                    **nvme) == {"matched": 381, "pending": 0, "lost": 0, "corrupt": 0}
+    # nvme0 left live at the target's reboot (15.60 s) and was live again at 44.49 s.
+    assert by_label(text, "rdmalab_ulp_recovery_seconds_count", "host", **nvme) == {"b": 1}
+    [recovered] = by_label(text, "rdmalab_ulp_recovery_seconds_sum", "host", **nvme).values()
+    assert abs(recovered - (44_494_566_771 - 15_599_593_138) / 1e9) < 1e-6
+
+
+def test_a_workload_recording_into_an_engine_lab_is_counted_as_it_writes():
+    with rdmalab.model_lab(seed=1, hosts={"a": "ib", "b": "roce"}) as lab:
+        m = metrics.attach(lab)
+        lab.record("workload", object="nvme", host="b", step="connect", ok=False,
+                   took_ns=5, error="nvme connect: Connection refused", errno=111)
+        lab.record("io", object="nvme", host="b", op="write", phase="errors", ok=3, errors=1,
+                   error="EIO: Input/output error")
+        text = m.text()
+    assert series(text, "rdmalab_workload_steps_total{") == {
+        'rdmalab_workload_steps_total{backend="model",device="roce",host="b",outcome="failed",'
+        'step="connect",workload="nvme"}': 1,
+        'rdmalab_workload_steps_total{backend="model",device="roce",host="b",outcome="ok",'
+        'step="connect",workload="nvme"}': 0}
+    assert series(text, "rdmalab_workload_io_total{") == {
+        'rdmalab_workload_io_total{backend="model",device="roce",host="b",op="write",'
+        'result="error",workload="nvme"}': 1,
+        'rdmalab_workload_io_total{backend="model",device="roce",host="b",op="write",'
+        'result="ok",workload="nvme"}': 3}
 
 
 def test_attach_refuses_what_is_not_a_lab():

@@ -14,8 +14,15 @@ What is exported (labels are bounded: no QPN, id or time is ever a label):
   rdmalab_scenario_outcomes_total{backend,device,outcome}
   rdmalab_cm_connect_seconds, rdmalab_cm_disconnect_seconds{until}, rdmalab_drain_seconds{method}
   rdmalab_device_counter{host,device,port,source,counter}
+and a workload's (rdmalab.workloads: a kernel ULP across two hosts), per workload and host:
+  rdmalab_workload_steps_total{backend,device,workload,host,step,outcome}
+  rdmalab_ulp_state_changes_total{backend,device,workload,host,state}
+  rdmalab_workload_io_total{backend,device,workload,host,op,result}
+  rdmalab_workload_verify_blocks_total{backend,device,workload,host,result}
+  rdmalab_ulp_recovery_seconds{backend,device,workload,host}
 device is the device's personality or provider ("ib", "iwarp-siw", "rxe"). core/metrics/
-classifier.h says which history record feeds which metric and how latencies are paired.
+classifier.h says which history record feeds which metric and how latencies are paired;
+core/metrics/workload.h the same of a workload's records.
 
 Device counters: device_counters() reads sysfs (hw_counters and counters), rdma_statistic()
 runs or parses `rdma statistic show`; both return {device: {port: {source: {counter: value}}}},
