@@ -38,7 +38,7 @@ PYTEST := $(PYTHON) -m pytest -p rdmalab.run.pytest_plugin
 .PHONY: all deps build build-asan test test-cpp test-asan test-python run format tidy clean \
         vmlab-deps vmlab test-vm fuzz test-fuzz bench \
         build-module build-tsan test-tsan test-tsan-vm vmlab-prepare test-vm-rxe test-vm-siw \
-        test-netns test-matrix test-container test-browser
+        test-netns test-matrix test-ulp test-container test-browser
 
 all: build
 
@@ -293,6 +293,16 @@ MATRIX_ARGS ?=
 test-matrix: build vmlab-deps
 	$(VMLAB) prepare
 	RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTHON) -m rdmalab matrix --out $(OUT)/matrix $(MATRIX_ARGS)
+
+# Every workload (kernel ULP) against every fault kind on the VM lab's rxe and siw (tests/ulp):
+# out/ulp/ulp.md, the table of workload x fault x device with the recovery times that README's
+# "Kernel ULPs under faults" quotes (copy it there with
+# `python3 -m rdmalab ulp --table-only --out out/ulp --readme README.md`). Not in test.
+ULP_ARGS ?=
+
+test-ulp: build vmlab-deps
+	$(VMLAB) prepare
+	RDMALAB_VM_SYSCTL="$(VM_SYSCTL)" $(PYTHON) -m rdmalab ulp --out $(OUT)/ulp $(ULP_ARGS)
 
 # The lab's hosts as podman containers sharing this machine's kernel (bindings/rdmalab/machines/container): the image
 # from debootstrap and `podman import` (no registry), CONTAINER_HOSTS hosts on network

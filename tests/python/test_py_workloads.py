@@ -208,3 +208,14 @@ def test_bad_workload_arguments_are_named():
         NvmeOf(UlpLab(), target="a", initiator="c")
     with pytest.raises(ValueError, match="backing 'tape'"):
         NvmeOf(UlpLab(), backing="tape")
+
+
+def test_what_a_failed_scenario_left_set_up_is_undone_when_the_lab_closes():
+    lab, undos = HostLab(), []
+    host.at_close(lab, ("target", "n"), lambda: undos.append("target_down"))
+    host.at_close(lab, ("target", "n"), lambda: undos.append("twice"))  # once per key
+    host.at_close(lab, ("initiator", "n"), lambda: undos.append("disconnect"))
+    host.undone(lab, ("initiator", "n"))  # the scenario's own teardown ran
+    for close in reversed(lab.closers):
+        close()
+    assert undos == ["target_down"] and len(lab.closers) == 2

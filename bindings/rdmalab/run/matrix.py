@@ -130,12 +130,14 @@ def markdown(results: list[report.Result], registry: findings.Registry,
     return "\n".join(out) + "\n"
 
 
-def replace_block(text: str, block: str, where: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise BadInput(f"{where}: no {BEGIN} ... {END} block to rewrite")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block}{END}{tail}"
+def replace_block(text: str, block: str, where: str, begin: str = BEGIN,
+                  end: str = END) -> str:
+    """text with what lies between begin and end (README's markers) replaced by block."""
+    if begin not in text or end not in text:
+        raise BadInput(f"{where}: no {begin} ... {end} block to rewrite")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}{end}{tail}"
 
 
 def main(argv: list[str]) -> int:

@@ -101,6 +101,38 @@ def configfs() -> str:
     return root
 
 
+_CLOSING: dict = {}  # id(lab) -> the keys set up and not yet undone (at_close, undone)
+
+
+def at_close(lab, key, undo: Callable[[], object]) -> None:
+    """undo() when the agent's lab closes if key is still set up then (undone(lab, key) not
+    called): a scenario that failed before its teardown leaves no controller or target behind
+    for the next one on the same machines. The undo's steps are recorded as any step is."""
+    keys = _CLOSING.setdefault(id(lab), set())
+    if key in keys:
+        return
+    keys.add(key)
+
+    def close() -> None:
+        if key not in _CLOSING.get(id(lab), ()):
+            return
+        try:
+            undo()
+        except Exception:  # noqa: BLE001 -- the lab closes anyway; the step's record says why
+            pass
+        undone(lab, key)
+    lab.add_closer(close)
+
+
+def undone(lab, key) -> None:
+    """key was undone (its teardown ran): nothing is left for the lab's close."""
+    keys = _CLOSING.get(id(lab))
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            _CLOSING.pop(id(lab), None)
+
+
 class Watcher:
     """Records every change of a state file (`ulp_state`) until stopped or the lab closes: the
     kernel's own word for the unit's state, timed on the host's clock."""

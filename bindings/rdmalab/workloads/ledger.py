@@ -109,9 +109,11 @@ class Ledger:
                 "blocked": blocked, "blocked_ns": (time.monotonic_ns() - self.in_write_since)
                 if blocked and self.in_write_since else 0}
 
-    def verify(self) -> dict:
-        """Reads every block back and judges it (module docstring)."""
-        fd = os.open(self.device, os.O_RDONLY | os.O_DIRECT)
+    def verify(self, device: str = "") -> dict:
+        """Reads every block back and judges it (module docstring), from device (default the
+        one written: a unit deleted and connected again may have a new name)."""
+        device = device or self.device
+        fd = os.open(device, os.O_RDONLY | os.O_DIRECT)
         buf = mmap.mmap(-1, BLOCK)
         lost, corrupt, pending, matched = [], [], 0, 0
         try:
@@ -140,7 +142,7 @@ class Ledger:
                   "lost": lost[:20], "lost_count": len(lost), "corrupt": corrupt[:20],
                   "corrupt_count": len(corrupt), "pending": pending}
         self.lab.record(records.IO_VERIFY, object=self.workload, host=self.host,
-                        device=self.device, **result)
+                        device=device, **result)
         return result
 
     def close(self) -> None:
@@ -171,9 +173,9 @@ def stop(lab, ledger_id: int, deadline_s: float) -> dict:
 
 
 @answered
-def verify(lab, ledger_id: int) -> dict:
+def verify(lab, ledger_id: int, device: str = "") -> dict:
     ledger = _LEDGERS.pop(ledger_id)
     try:
-        return ledger.verify()
+        return ledger.verify(device)
     finally:
         ledger.close()

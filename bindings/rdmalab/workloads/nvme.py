@@ -136,4 +136,5 @@ class NvmeOf(Workload):
             raise ValueError("nvme verify: no I/O was started (start_io)")
         if self._ledger is not None:
             self.stop_io()
-        return self.on(self.initiator, "verify", self._last_ledger, module=LEDGER)
+        return self.on(self.initiator, "verify", self._last_ledger, self.device,
+                       module=LEDGER)

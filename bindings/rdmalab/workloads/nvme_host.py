@@ -15,12 +15,13 @@ import os
 import time
 import uuid
 
-from .host import (StepFailed, Watcher, answered, configfs, modprobe, read_attr, run, step,
-                   write_attr)
+from .host import (StepFailed, Watcher, answered, at_close, configfs, modprobe, read_attr, run,
+                   step, undone, write_attr)
 
 WORKLOAD = "nvme"
 PORT_ID = "1"  # the configfs port's name; the scenario's trsvcid is its address
 _WATCHERS: dict[str, Watcher] = {}
+CLEANUP_S = 30.0  # a disconnect left to the lab's close (the scenario failed before its own)
 
 
 def _nvmet() -> str:
@@ -112,6 +113,7 @@ def target_up(lab, nqn: str, device: str, address: str, port: int) -> dict:
             except OSError as e:
                 raise StepFailed(f"bind {nqn} to port {PORT_ID}", e.errno or 0,
                                  e.strerror or "") from None
+        at_close(lab, ("target", nqn), lambda: target_down(lab, nqn))
         return {"subsystem": sub}
 
 
@@ -136,6 +138,7 @@ def target_down(lab, nqn: str) -> dict:
                     undo(path)
             except OSError as e:
                 raise StepFailed(f"remove {path}", e.errno or 0, e.strerror or "") from None
+        undone(lab, ("target", nqn))
         return {"took_s": time.monotonic() - t0}
 
 
@@ -198,6 +201,7 @@ def connect(lab, nqn: str, address: str, port: int, timeouts: dict,
         if old is not None:
             old.stop()
         _WATCHERS[ctrl] = Watcher(lab, WORKLOAD, ctrl, f"/sys/class/nvme/{ctrl}/state")
+        at_close(lab, ("initiator", nqn), lambda: disconnect(lab, nqn, CLEANUP_S))
         return {"ctrl": ctrl, "device": device}
 
 
@@ -212,4 +216,5 @@ def disconnect(lab, nqn: str, deadline_s: float) -> dict:
     """nvme disconnect -n nqn: every controller of the subsystem deleted."""
     with step(lab, WORKLOAD, "disconnect", nqn=nqn):
         out = run(["nvme", "disconnect", "-n", nqn], deadline_s, "nvme disconnect")
+        undone(lab, ("initiator", nqn))
         return {"said": out.strip()[-300:]}

@@ -1,0 +1,184 @@
+"""`make test-ulp`: every workload against every fault kind (issue 29), on the VM lab's rxe and
+siw. Each campaign sets the workload up, runs the durability ledger's I/O, applies one fault,
+heals it, and measures what the rules of tests/scenarios/test_nvme_of.py check: recovery to
+live (seconds from the heal), no I/O error where the timeouts forbid one, nothing acknowledged
+lost, teardown within a bound, nothing left in `rdma res`. Its numbers are a `ulp_campaign`
+record, which `python3 -m rdmalab ulp` turns into README's table of workload x fault x device.
+
+A fault at the CM's moments (a REQ dropped, a REP delayed, a DREP dropped) is applied around
+the step that sends those messages (connect, disconnect); every other fault while I/O runs."""
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import pytest
+
+from rdmalab import FaultNotSupported, sec
+from rdmalab.workloads import NvmeOf
+
+RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
+TEARDOWN_S = 60.0
+OUTAGE_NS = sec(10)  # longer than keep_alive_tmo: the controller notices
+# ctrl_loss_tmo well past a TCG guest's reboot; fast_io_fail off: no I/O error may reach the
+# ledger while the controller reconnects (nvme-connect(1)).
+TIMEOUTS = dict(keep_alive_tmo=5, reconnect_delay=2, ctrl_loss_tmo=600, fast_io_fail_tmo=None)
+WORKLOADS = {"nvme": NvmeOf}
+
+
+def iwarp(lab, host) -> bool:
+    return lab.host(host).caps().transport == "iWARP"
+
+
+def both_ways(lab, action, **kw):
+    """The same rule from a to b and from b to a; the list of rules."""
+    return [getattr(lab.faults, action)(src_host=s, dst_host=d, **kw)
+            for s, d in (("a", "b"), ("b", "a"))]
+
+
+def remove(lab, rules) -> None:
+    for r in rules:
+        lab.faults.remove(r)
+
+
+# -- faults while I/O runs: each applies, waits out the outage and heals; returns nothing
+def partition(lab, w):
+    rules = both_ways(lab, "drop")
+    lab.sleep(OUTAGE_NS)
+    remove(lab, rules)
+
+
+def lossy(lab, w):
+    rules = both_ways(lab, "drop", probability=0.3)
+    lab.sleep(OUTAGE_NS)
+    remove(lab, rules)
+
+
+def port_flap(host):
+    def fault(lab, w):
+        lab.faults.port_down(host)
+        lab.sleep(OUTAGE_NS)
+        lab.faults.port_up(host)
+    return fault
+
+
+def reboot_target(lab, w):
+    lab.faults.reboot("a", sec(2))
+    w.export()  # what the target's boot service does
+
+
+def link_readd(host):
+    """`rdma link delete` and add of host's soft device: the ULP's client removal runs (the
+    target's or initiator's controllers deleted), then the device comes back."""
+    def fault(lab, w):
+        lab.faults.rdma_link_delete(host)
+        lab.sleep(sec(2))
+        lab.faults.rdma_link_add(host)
+        if host == "a":
+            w.remove_target()  # the port listened on the device that went
+            w.export()
+        else:
+            w.connect()        # the initiator's controller went with its device
+    return fault
+
+
+@dataclasses.dataclass(frozen=True)
+class Campaign:
+    name: str              # the table's row
+    fault: Optional[Callable] = None  # (lab, workload) while I/O runs: applies and heals
+    # A rule (lab) -> rule in place at one of the CM's moments instead: "connect" (the
+    # initiator's REQ, the target's REP...) or "disconnect" (DREQ, DREP; iWARP: FIN).
+    ib: Optional[Callable] = None     # the IB CM's form
+    iwarp: Optional[Callable] = None  # iWARP's; None with ib set: not on iWARP
+    moment: str = ""
+    unit_lost: bool = False  # the fault deletes the initiator's unit: I/O errors are allowed
+    fresh_agents: bool = False  # no agent may hold the devices (rdma link delete waits)
+
+
+CAMPAIGNS = [
+    Campaign("partition 10 s", partition),
+    Campaign("30% frame loss 10 s", lossy),
+    Campaign("target port down 10 s", port_flap("a")),
+    Campaign("initiator port down 10 s", port_flap("b")),
+    Campaign("target reboot", reboot_target),
+    Campaign("target rdma link delete/add", link_readd("a"), fresh_agents=True),
+    Campaign("initiator rdma link delete/add", link_readd("b"), fresh_agents=True,
+             unit_lost=True),
+    Campaign("REQ (iWARP: SYN) dropped once at connect", moment="connect",
+             ib=lambda lab: lab.faults.drop(cm="REQ", count=1),
+             iwarp=lambda lab: lab.faults.drop(tcp_flags="SYN", count=1)),
+    Campaign("REP (iWARP: SYN-ACK) delayed 2 s at connect", moment="connect",
+             ib=lambda lab: lab.faults.delay(cm="REP", delay_ns=sec(2)),
+             iwarp=lambda lab: lab.faults.delay(tcp_flags="SYN|ACK", delay_ns=sec(2))),
+    Campaign("REQ duplicated at connect", moment="connect",
+             ib=lambda lab: lab.faults.duplicate(cm="REQ", count=1)),
+    Campaign("every DREP (iWARP: target's FIN) dropped at disconnect", moment="disconnect",
+             ib=lambda lab: lab.faults.drop(cm="DREP"),
+             iwarp=lambda lab: lab.faults.drop(tcp_flags="FIN", src_host="a")),
+]
+
+
+def rule_of(lab, c: Campaign) -> Optional[Callable]:
+    """The campaign's rule for this lab's transport (None: its fault runs while I/O does)."""
+    if not c.moment:
+        return None
+    form = c.iwarp if iwarp(lab, "a") else c.ib
+    if form is None:
+        raise FaultNotSupported(c.name, "an IB CM message: iWARP connects over TCP and MPA")
+    return form
+
+
+def with_rule(lab, rule, step) -> float:
+    """step() with rule in place: the seconds it took."""
+    r = rule(lab)
+    t0 = time.monotonic()
+    try:
+        step()
+    finally:
+        lab.faults.remove(r)
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@pytest.mark.parametrize("campaign", CAMPAIGNS, ids=[c.name for c in CAMPAIGNS])
+def test_ulp_campaign(lab, workload, campaign):
+    rule = rule_of(lab, campaign)
+    if campaign.fresh_agents:
+        lab.free_devices("a", "b")
+    w = WORKLOADS[workload](lab, target="a", initiator="b", backing="disk", **TIMEOUTS)
+    w.export()
+    bound = RECONNECT_S + TIMEOUTS["reconnect_delay"] + lab.tolerance_ns / 1e9
+    if campaign.moment == "connect":  # recovery: how long the connect took with the rule
+        recovery_s = with_rule(lab, rule, w.connect)
+        fault_s = 0.0
+    else:
+        w.connect()
+    w.start_io(blocks=256)
+    lab.sleep(sec(1))
+    if campaign.fault is not None:
+        t0 = time.monotonic()
+        campaign.fault(lab, w)
+        fault_s = time.monotonic() - t0
+        recovery_s = w.wait_state("live", bound)
+    lab.sleep(sec(1))
+    io = w.stop_io()
+    got = w.verify()
+    if campaign.moment == "disconnect":
+        fault_s = recovery_s = 0.0
+        teardown_s = with_rule(lab, rule, lambda: w.teardown(TEARDOWN_S))
+    else:
+        t0 = time.monotonic()
+        w.teardown(TEARDOWN_S)
+        teardown_s = time.monotonic() - t0
+    left = w.leftovers()
+    lab.record("ulp_campaign", object=workload, campaign=campaign.name,
+               fault_s=round(fault_s, 1), recovery_s=round(recovery_s, 1),
+               teardown_s=round(teardown_s, 1), io_errors=io["errors"],
+               first_error=io["first_error"], acked=got["acked"], lost=got["lost_count"],
+               corrupt=got["corrupt_count"], leftovers=left)
+    assert recovery_s <= bound, f"live again {recovery_s:.1f} s after the heal"
+    assert not io["blocked"], io
+    if not campaign.unit_lost:
+        assert io["errors"] == 0, f"I/O errors with fast_io_fail off: {io['first_error']}"
+    assert got["lost_count"] == 0 and got["corrupt_count"] == 0, got
+    assert teardown_s <= TEARDOWN_S and left == {}, (teardown_s, left)
