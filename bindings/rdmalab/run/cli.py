@@ -1,6 +1,7 @@
 """python3 -m rdmalab run [--lab model] [--lab vm:rxe] [--kernel sid] [--vm-hosts N] [--seed N] [--out DIR] [-k EXPR] [paths...] [-- pytest args]
 python3 -m rdmalab report DIR   (or DIR/junit.xml)
 python3 -m rdmalab matrix [--kernel K ...] [--device rxe|siw ...] [--out DIR] [--readme README.md]
+python3 -m rdmalab ulp [--device rxe|siw ...] [--out DIR] [--readme README.md] [--table-only]
 python3 -m rdmalab findings [--readme README.md] [--registry FILE]
 python3 -m rdmalab swarm --lab model[:PERSONALITY] --seeds N | --minutes M   (rdmalab.run.swarm_cli)
 python3 -m rdmalab replay FILE --lab model:roce [--lab vm:rxe]
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from ..findings import registry as findings
 from . import inputs, options
-from . import matrix
+from . import matrix, ulp
 from ..report import html as html_report, junit as report
 from ..findings.agreement import twin
 from .inputs import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PASSED, BadInput
@@ -206,6 +207,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["matrix"]:  # its own parser (rdmalab.run.matrix)
         return inputs.guard("matrix", lambda: matrix.main(argv[1:]))
+    if argv[:1] == ["ulp"]:  # its own parser (rdmalab.run.ulp)
+        return inputs.guard("ulp", lambda: ulp.main(argv[1:]))
     if argv[:1] in (["swarm"], ["replay"]):  # rdmalab.run.swarm_cli
         return inputs.guard(argv[0], lambda: swarm_cli.main(argv[0], argv[1:]))
     extra: list[str] = []

@@ -59,7 +59,8 @@ def cell(r: report.Result, data: dict) -> str:
         times += f", {data['io_errors']} I/O errors"
     if r.outcome == "passed":
         return times
-    reason = " ".join((r.message or "").split())[:REASON_CHARS]
+    said = (r.message or "").split("\n", 1)[0].replace("rdmalab.errors.", "")
+    reason = " ".join(said.split())[:REASON_CHARS]
     word = {"failed": "**FAILED**", "error": "**ERROR**", "host_lost": "**HOST-LOST**"}.get(
         r.outcome, r.outcome)
     return f"{word}: {reason}" + (f" ({times})" if times else "")
@@ -72,10 +73,8 @@ def markdown(out: Path) -> str:
         for r in report.read_junit(str(junit)):
             if r.column.startswith("model"):
                 continue
-            params = r.scenario.split("[", 1)[-1].rstrip("]").split("-")
-            workload = next((p for p in params if p in ("nvme", "iser", "srp", "nfs")), "?")
-            campaign = r.scenario.split("[", 1)[-1].rstrip("]")
-            campaign = campaign.replace(f"-{workload}", "").rsplit("-", 1)[0]
+            # test_ulp::test_ulp_campaign[<campaign>-<workload>]
+            campaign, _, workload = r.scenario.split("[", 1)[-1].rstrip("]").rpartition("-")
             data = campaign_record(junit.parent, r)
             campaign = data.get("campaign", campaign)
             rows.setdefault((workload, campaign), {})[r.column] = cell(r, data)
