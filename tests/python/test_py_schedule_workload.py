@@ -67,8 +67,9 @@ def test_a_kinds_options_are_its_constructors():
     """One home: a workload step's options are the keyword-only options of its class."""
     assert set(options_of("nvme")) == {"nqn", "port", "backing", "size_mb", "keep_alive_tmo",
                                        "reconnect_delay", "ctrl_loss_tmo", "fast_io_fail_tmo"}
-    for kind in KINDS.values():
-        assert kind.working in kind.states and kind.retry_option in options_of("nvme")
+    for name, kind in KINDS.items():
+        assert kind.rules.live in kind.states
+        assert not kind.rules.reconnect_delay or kind.rules.reconnect_delay in options_of(name)
 
 
 def test_the_model_refuses_a_workload_schedule_cleanly():
@@ -83,6 +84,13 @@ def test_the_model_refuses_a_workload_schedule_cleanly():
         if x["op"].startswith("workload"):
             assert x["result"] == "unsupported" and "kernel_ulp" in x["detail"], x
     assert by_op["reboot"]["result"] == by_op["rule"]["result"] == "ok"
+
+
+def test_replay_on_the_model_says_the_workload_is_refused(capsys):
+    assert swarm_cli.replay_model(Schedule.load(EXAMPLE), "roce", []) == 0
+    out = capsys.readouterr().out
+    assert "model:roce: 12 steps" in out and "every checker valid" in out
+    assert "8 workload step(s) unsupported: model:roce runs no kernel whose ULPs" in out
 
 
 def test_the_device_path_skips_a_refused_workload_naming_why(tmp_path):
@@ -193,7 +201,7 @@ def test_the_workload_swarm_prints_each_step_and_the_verdict(tmp_path, monkeypat
         "workloads" in out
     assert "   0 workload ok" in out and "workloads: 3 acknowledged blocks lost" in out
     assert f"replay: python3 -m rdmalab replay {tmp_path}/schedules/nvme-roce-2.json --lab " \
-        "vm:rxe" in out and "2 schedule(s) x 1 lab(s), 1 failed" in out
+        "vm:rxe" in out and "workload schedules: 2 schedule(s) x 1 lab(s), 1 failed" in out
 
 
 def test_a_reboot_of_the_initiator_makes_the_workload_anew(monkeypatch):
@@ -217,8 +225,9 @@ def test_a_reboot_of_the_initiator_makes_the_workload_anew(monkeypatch):
                 return answers.get(name)
             return call
 
-    monkeypatch.setitem(workload_ops.KINDS, "nvme", KINDS["nvme"].__class__(
-        Fake, KINDS["nvme"].states, "live", "reconnect_delay", {}))
+    Fake.kind = "nvme"
+    monkeypatch.setitem(workload_ops.KINDS, "nvme", workload_ops.Kind(Fake, KINDS["nvme"].states,
+                                                                      {}))
     bare = {k: v for k, v in W0.items() if k != "options"}  # Fake takes no options
     s = sched([bare, w("workload_setup"), w("workload_start_io"),
                {"op": "reboot", "host": "b", "down_ns": sec(1)}, w("workload_stop_io"),

@@ -267,6 +267,10 @@ def replay_model(schedule: Schedule, p: str, mutations: list[str]) -> int:
           + ("FAILED " + ", ".join(r.signature) if r.failed else "every checker valid"))
     for line in r.problems[:20]:
         print(f"  {line}")
+    refused = [x for x in r.results if x["op"].startswith("workload") and
+               x["result"] == "unsupported"]
+    if refused:
+        print(f"  {len(refused)} workload step(s) unsupported: {refused[0]['detail']}")
     return 1 if r.failed else 0
 
 
@@ -345,7 +349,7 @@ def verdicts(args, labs: list[str], paths: list[pathlib.Path], out: pathlib.Path
                 for line in dev["problems"][:10]:
                     print(f"  {line[:300]}")
                 print(f"  replay: python3 -m rdmalab replay {path} --lab {lab}")
-    print(f"workload campaigns: {len(paths)} schedule(s) x {len(labs)} lab(s), {failed} failed")
+    print(f"workload schedules: {len(paths)} schedule(s) x {len(labs)} lab(s), {failed} failed")
     return rc
 
 

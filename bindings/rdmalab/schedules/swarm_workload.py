@@ -17,6 +17,7 @@ import random
 
 from .. import _core, ms, sec
 from ..api.cm_timing import IbCmTiming, IwMpaTiming, tcp_syn_give_up_range_ns
+from ..checkers.workloads import CONNECT_BUDGET_S
 from .may_miss import speaks_ib_cm
 from .schedule import Schedule
 from .workload_ops import KINDS
@@ -36,9 +37,6 @@ SETTLES_NS = (sec(1), sec(5), sec(15))      # the heal's reconnects meet the CM 
 REBOOT_DOWN_NS = sec(2)
 LINK_ADD_NS = sec(60)  # rdma link add waits this long for the removal (ib clients' remove_one)
 BLOCKS = 512
-# One reconnect on a TCG guest once nothing stops it: the CM exchange and the NVMe connect of
-# every queue (tests/scenarios/test_nvme_of.py's RECONNECT_S).
-RECONNECT_S = 60
 TCP_SYN_RETRIES = 6   # net.ipv4.tcp_syn_retries' default
 KERNEL_HZ = 250       # Debian's CONFIG_HZ (amd64)
 
@@ -56,9 +54,10 @@ def connect_give_up_ns(personality: str) -> int:
 
 def liveness_bound_ns(kind: str, options: dict, personality: str) -> int:
     """How long after the heal the workload must be working again: its retry delay, an attempt
-    under way giving up, and one reconnect."""
-    retry_s = options.get(KINDS[kind].retry_option) or 0
-    return sec(retry_s + RECONNECT_S) + connect_give_up_ns(personality)
+    under way giving up, and one reconnect (the workloads checker's budget)."""
+    rule = KINDS[kind].rules
+    retry_s = options.get(rule.reconnect_delay) or rule.defaults.get(rule.reconnect_delay) or 0
+    return sec(retry_s + CONNECT_BUDGET_S) + connect_give_up_ns(personality)
 
 
 def draw_workload(seed: int, kind: str, personality: str) -> Schedule:
@@ -159,7 +158,7 @@ class _Campaign:
             self.add({"op": "workload_connect", "workload": NAME})
         if self.restart_io:
             self.add({"op": "workload_start_io", "workload": NAME, "blocks": BLOCKS})
-        self.add({"op": "workload_wait_state", "workload": NAME, "state": KINDS[kind].working,
+        self.add({"op": "workload_wait_state", "workload": NAME, "state": KINDS[kind].rules.live,
                   "within_ns": bound_ns})
         self.add({"op": "wait", "ns": sec(2)})  # writes acknowledged after the recovery too
         for op in ("workload_stop_io", "workload_verify", "workload_teardown"):

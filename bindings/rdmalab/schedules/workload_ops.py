@@ -24,6 +24,7 @@ import typing
 from typing import Any, Optional
 
 from .. import sec
+from ..checkers import workloads as rules
 from ..errors import Error, FaultNotSupported, Hung, WorkloadError
 from ..workloads import NvmeOf
 from ..workloads.records import GONE, WORKLOAD
@@ -38,22 +39,24 @@ NVME_STATES = ("new", "live", "resetting", "connecting", "deleting", "deleting (
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A workload kind a schedule may name: its class (whose keyword-only constructor options
-    are the step's `options`), the states wait_state may name, the state it works in, the
-    option whose seconds a reconnect waits (the liveness bound adds it), and the options the
-    swarm sets up with (rdmalab.schedules.swarm_workload)."""
+    are the step's `options`), the states wait_state may name, and the options the swarm sets
+    it up with (rdmalab.schedules.swarm_workload). Its working state and the option a
+    reconnect waits are the checkers' (rdmalab.checkers.workloads.KINDS: live,
+    reconnect_delay)."""
     cls: type
     states: tuple[str, ...]
-    working: str
-    retry_option: str
     swarm_options: dict
+
+    @property
+    def rules(self) -> rules.Kind:
+        return rules.KINDS[self.cls.kind]
 
 
 KINDS: dict[str, Kind] = {
     # ctrl_loss_tmo past any outage the swarm draws (a TCG guest's reboot: 30-90 s), fast_io_fail
     # off: the controller reconnects and I/O waits, so no I/O error may reach the ledger.
-    "nvme": Kind(NvmeOf, NVME_STATES, "live", "reconnect_delay",
-                 {"backing": "disk", "keep_alive_tmo": 5, "reconnect_delay": 2,
-                  "ctrl_loss_tmo": 600}),
+    "nvme": Kind(NvmeOf, NVME_STATES, {"backing": "disk", "keep_alive_tmo": 5,
+                                       "reconnect_delay": 2, "ctrl_loss_tmo": 600}),
 }
 
 SETUP_NS = sec(120)      # a setup or a connect: modprobe, configfs, nvme connect on a TCG guest
