@@ -27,7 +27,7 @@ MAY_IMPORT = {
     "api": {"agent"},                         # an object that lives in an agent says so
     "labs": {"api", "faults", "machines", "agent", "findings"},
     "agent": {"api", "labs"},                 # the host side serves engine labs
-    "schedules": {"api", "labs", "checkers", "findings", "faults"},
+    "schedules": {"api", "labs", "checkers", "findings", "faults", "workloads"},
     "report": {"findings", "machines", "labs", "faults", "checkers"},
     "run": {"api", "labs", "agent", "faults", "machines", "schedules", "checkers", "findings",
             "report"},
