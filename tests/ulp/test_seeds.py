@@ -14,6 +14,7 @@ def test_nvme_target_torn_down_with_io_in_flight(lab):
     through ib_drain_qp: on iWARP the drain that once hung). The removal finishes within
     TEARDOWN_S; exported again, the initiator reconnects and nothing it was told is durable is
     lost."""
+    lab.fresh_hosts("a", "b")  # devices as booted (test_ulp.py)
     nvme = NvmeOf(lab, target="a", initiator="b", backing="disk", **TIMEOUTS)
     nvme.setup()
     nvme.start_io(blocks=512)
