@@ -1,0 +1,176 @@
+"""NFS over RDMA as a workload: the kernel's nfsd with an RDMA listener on the target host, an
+NFS mount with proto=rdma on the initiator (rdmalab.workloads.nfs_host does the host side).
+
+    nfs = Nfs(lab, target="a", initiator="b", hard=True, timeo=100, retrans=2)
+    nfs.setup()                       # exported from the spare disk, mounted, answering
+    nfs.start_io()                    # the durability ledger writes a file on the mount
+    ...                               # faults
+    nfs.wait_state("answering", 120)  # recovered
+    nfs.stop_io(); assert nfs.verify()["lost_count"] == 0
+    nfs.teardown()                    # umount, unexport, nfsd stopped
+
+timeo (tenths of a second) and retrans are the mount's (nfs(5)); None leaves the client's
+default (600 and 2 for a connection-oriented transport). With `hard` the client retries for
+ever and no I/O error reaches the application; with `soft` a call fails with EIO after retrans
+retransmissions. The export has a fixed fsid, so its file handles outlive a reboot of the
+server (a changing one leaves the client with ESTALE). By default NFSv4's export is the
+server's pseudo-root (fsid=0; the client mounts "/"): nfsd builds the pseudo-root of other
+exports from the server's "/", which in a VM lab guest is an overlayfs, not exportable
+(overlayfs exports file handles only with nfs_export=on, Documentation/filesystems/
+overlayfs.rst), so a mount of the export's path fails with ENOENT there."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import FaultNotSupported
+from ..machines.machine import SPARE_DISK_SERIAL
+from .base import HOST, Workload
+from .ledger import BLOCK
+from .nfs_host import EXPORT_DIR
+
+MODULE = "rdmalab.workloads.nfs_host"
+LEDGER = "rdmalab.workloads.ledger"
+NFS_RDMA_PORT = 20049  # the IANA port of NFS over RDMA (RFC 8267)
+VERSIONS = ("3", "4", "4.0", "4.1", "4.2")
+# What `rdma res` names the owner of what NFS holds: the client (xprtrdma) and the server
+# (svcrdma) are both built into rpcrdma.ko, whose KBUILD_MODNAME the restrack entries carry
+# (rdma_create_id and ib_alloc_pd are macros passing it).
+OWNERS = ("rpcrdma", "svcrdma")
+
+
+
+def mount_options(vers: str, port: int, hard: bool, timeo: Optional[int],
+                  retrans: Optional[int]) -> str:
+    """mount -o of an RDMA mount (nfs(5)): timeo in tenths of a second, None the client's
+    default; NFSv3 without the NLM (nolock: no rpc.statd runs in a guest)."""
+    opts = ["proto=rdma", f"port={port}", f"vers={vers}", "hard" if hard else "soft"]
+    if timeo is not None:
+        opts.append(f"timeo={timeo}")
+    if retrans is not None:
+        opts.append(f"retrans={retrans}")
+    if vers.split(".")[0] == "3":
+        opts.append("nolock")
+    return ",".join(opts)
+
+
+class Nfs(Workload):
+    kind = "nfs"
+    module = MODULE
+
+    def __init__(self, lab, target: str = "a", initiator: str = "b", *, vers: str = "4.2",
+                 port: int = NFS_RDMA_PORT, hard: bool = True, timeo: Optional[int] = 100,
+                 retrans: Optional[int] = 2, fsid: Optional[int] = None):
+        super().__init__(lab, target, initiator)
+        if str(vers) not in VERSIONS:
+            raise ValueError(f"nfs vers {vers!r}: one of {', '.join(VERSIONS)} (nfs(5))")
+        for name, value in (("timeo", timeo), ("retrans", retrans)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"nfs {name} {value!r}: a positive integer or None")
+        v4 = str(vers).startswith("4")
+        if fsid is None:
+            fsid = 0 if v4 else 1
+        if not isinstance(fsid, int) or isinstance(fsid, bool) or fsid < 0:
+            raise ValueError(f"nfs fsid {fsid!r}: an integer from 0 (NFSv4's pseudo-root, "
+                             "exports(5)) or None")
+        self.vers, self.port, self.hard, self.fsid = str(vers), port, hard, fsid
+        self.path = "/" if v4 and fsid == 0 else EXPORT_DIR  # what the client mounts
+        self.timeo, self.retrans = timeo, retrans
+        self.options = mount_options(self.vers, port, hard, timeo, retrans)
+        self.mount_point = ""
+        self.file = ""
+        self._ledger: Optional[int] = None       # the ledger writing now
+        self._last_ledger: Optional[int] = None  # the one verify reads back
+
+    def retry_bound_s(self) -> float:
+        """The longest a hard mount waits between two tries of a call: timeo grows by timeo
+        at each retransmission up to retrans of them (linear backoff of a connection-oriented
+        transport, xprt_adjust_timeout, net/sunrpc/xprt.c), then starts again."""
+        timeo = 600 if self.timeo is None else self.timeo
+        retrans = 2 if self.retrans is None else self.retrans
+        return timeo * (retrans + 1) / 10.0
+
+    # -- set up and tear down
+    def setup(self, deadline_s: float = 120.0) -> None:
+        """The target exports a directory of its spare disk over RDMA; the initiator mounts it;
+        the mount answers."""
+        self.export()
+        self.connect(deadline_s)
+
+    def export(self) -> None:
+        """Starts the server (again, after a reboot: what nfs-kernel-server's boot does)."""
+        if not self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL)["device"]:
+            raise FaultNotSupported("nfs", f"{self.target} has no spare disk (a block device "
+                                    f"with serial {SPARE_DISK_SERIAL!r}; the VM lab gives "
+                                    "every guest one) for the export")
+        self.on(self.target, "server_up", SPARE_DISK_SERIAL, self.port, self.fsid,
+                deadline_s=600.0)  # mkfs of the spare disk the first time, on a TCG guest
+
+    def connect(self, deadline_s: float = 120.0) -> None:
+        got = self.on(self.initiator, "mount", f"{self.lab.address_of(self.target)}:{self.path}",
+                      self.options, {"vers": self.vers, "hard": self.hard, "timeo": self.timeo,
+                                     "retrans": self.retrans}, deadline_s,
+                      deadline_s=deadline_s + 30)
+        self.mount_point = got["mount_point"]
+        self.wait_state("answering", deadline_s)
+
+    def remove_target(self) -> float:
+        """The export removed and nfsd stopped with the client still mounted: the seconds it
+        took."""
+        return self.on(self.target, "server_down", self.port)["took_s"]
+
+    def teardown(self, deadline_s: float = 120.0) -> None:
+        """Unmounts (within deadline_s, else WorkloadError) and stops the server."""
+        if self._ledger is not None:
+            self.stop_io()
+        try:
+            if self.mount_point:
+                self.on(self.initiator, "umount", deadline_s, deadline_s=deadline_s + 30)
+                self.mount_point = ""
+        finally:
+            self.on(self.target, "server_down", self.port)
+
+    def leftovers(self) -> dict:
+        """host -> what `rdma res` still shows of the NFS client or server (rpcrdma), by kind;
+        empty once both are torn down."""
+        held = {}
+        for host in (self.target, self.initiator):
+            got = self.on(host, "kernel_owned", list(OWNERS), module=HOST)["held"]
+            if got:
+                held[host] = got
+        return held
+
+    # -- state
+    def state(self) -> str:
+        """The mount's state as the initiator's watcher last saw it (nfs_host.MountWatcher):
+        answering, not answering, error, or gone (not mounted)."""
+        return self.on(self.initiator, "state", self.mount_point)["state"]
+
+    def wait_state(self, state: str, timeout_s: float) -> float:
+        """Seconds until the mount is in state; Hung past timeout_s."""
+        return self.wait_for(lambda: self.state() == state, timeout_s,
+                             f"the nfs mount on {self.initiator} {state}")
+
+    # -- I/O
+    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
+        """The durability ledger writes blocks of a file on the mount from now on (O_DIRECT |
+        O_DSYNC: a write that returned was a stable write or was committed, RFC 1813 3.3.7)."""
+        self.file = self.on(self.initiator, "ledger_file", "ledger", blocks, BLOCK)["path"]
+        self._ledger = self._last_ledger = self.on(
+            self.initiator, "start", self.kind, self.file, blocks, seed, module=LEDGER)["ledger"]
+
+    def stop_io(self, deadline_s: float = 30.0) -> dict:
+        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
+        (a write still in the kernel after deadline_s, for blocked_ns)."""
+        ledger, self._ledger = self._ledger, None
+        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
+                       deadline_s=deadline_s + 30)
+
+    def verify(self) -> dict:
+        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
+        if self._last_ledger is None:
+            raise ValueError("nfs verify: no I/O was started (start_io)")
+        if self._ledger is not None:
+            self.stop_io()
+        return self.on(self.initiator, "verify", self._last_ledger, self.file, module=LEDGER)
