@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import pytest
 
 from rdmalab import FaultNotSupported, sec
-from rdmalab.workloads import NvmeOf
+from rdmalab.checkers.workloads import KINDS
+from rdmalab.workloads import Iser, NvmeOf
 
 RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
 TEARDOWN_S = 60.0
@@ -23,7 +24,11 @@ OUTAGE_NS = sec(10)  # longer than keep_alive_tmo: the controller notices
 # ctrl_loss_tmo well past a TCG guest's reboot; fast_io_fail off: no I/O error may reach the
 # ledger while the controller reconnects (nvme-connect(1)).
 TIMEOUTS = dict(keep_alive_tmo=5, reconnect_delay=2, ctrl_loss_tmo=600, fast_io_fail_tmo=None)
-WORKLOADS = {"nvme": NvmeOf}
+# Each workload with timeouts longer than any outage here (a TCG guest's reboot: 30-90 s), so
+# that I/O waits instead of failing: nvme-connect(1); iscsid.conf's replacement_timeout.
+WORKLOADS = {"nvme": (NvmeOf, TIMEOUTS),
+             "iser": (Iser, dict(replacement_timeout=600, noop_out_interval=5,
+                                 noop_out_timeout=5))}
 
 
 def iwarp(lab, host) -> bool:
@@ -149,9 +154,11 @@ def test_ulp_campaign(lab, workload, campaign):
     lab.fresh_hosts("a", "b")
     if campaign.fresh_agents:
         lab.free_devices("a", "b")
-    w = WORKLOADS[workload](lab, target="a", initiator="b", backing="disk", **TIMEOUTS)
+    cls, options = WORKLOADS[workload]
+    w = cls(lab, target="a", initiator="b", backing="disk", **options)
+    working = KINDS[workload].live  # the unit's working state (live, LOGGED_IN)
     w.export()
-    bound = RECONNECT_S + TIMEOUTS["reconnect_delay"] + lab.tolerance_ns / 1e9
+    bound = RECONNECT_S + options.get("reconnect_delay", 0) + lab.tolerance_ns / 1e9
     if campaign.moment == "connect":  # recovery: how long the connect took with the rule
         recovery_s = with_rule(lab, rule, w.connect)
         fault_s = 0.0
@@ -163,7 +170,7 @@ def test_ulp_campaign(lab, workload, campaign):
         t0 = time.monotonic()
         campaign.fault(lab, w)
         fault_s = time.monotonic() - t0
-        recovery_s = w.wait_state("live", bound)
+        recovery_s = w.wait_state(working, bound)
     lab.sleep(sec(1))
     io = w.stop_io()
     got = w.verify()

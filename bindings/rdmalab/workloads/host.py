@@ -52,9 +52,12 @@ def step(lab, workload: str, name: str, **data):
 
 def write_attr(path: str, value: str) -> None:
     """Writes a sysfs or configfs attribute (one write, as `echo -n` does)."""
-    try:
-        with open(path, "w") as f:
-            f.write(value)
+    try:  # one write(2): a buffered file retries a refused write at its close
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
     except OSError as e:
         raise StepFailed(f"write {path}", e.errno or 0, f"{value!r}: {e.strerror}") from None
 

@@ -96,10 +96,12 @@ class NvmeOf(Workload):
 
     def leftovers(self) -> dict:
         """host -> what `rdma res` still shows of nvmet-rdma (target) or nvme-rdma
-        (initiator), by kind; empty once both are torn down."""
+        (initiator) and of the kernel's rdma_cm there, by kind; empty once both are torn
+        down."""
         held = {}
+        # A QP made through rdma_create_qp is the rdma_cm's in `rdma res`, not the ULP's.
         for host, owner in ((self.target, "nvmet_rdma"), (self.initiator, "nvme_rdma")):
-            got = self.on(host, "kernel_owned", [owner], module=HOST)["held"]
+            got = self.on(host, "kernel_owned", [owner, "rdma_cm"], module=HOST)["held"]
             if got:
                 held[host] = got
         return held
