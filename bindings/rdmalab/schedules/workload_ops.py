@@ -26,7 +26,7 @@ from typing import Any, Optional
 from .. import sec
 from ..checkers import workloads as rules
 from ..errors import Error, FaultNotSupported, Hung, WorkloadError
-from ..workloads import NvmeOf
+from ..workloads import Iser, NvmeOf
 from ..workloads.records import GONE, WORKLOAD
 from .schedule import ScheduleError
 
@@ -34,6 +34,9 @@ from .schedule import ScheduleError
 # nvme_sysfs_show_state), and "gone" once the controller is deleted (rdmalab.workloads.records).
 NVME_STATES = ("new", "live", "resetting", "connecting", "deleting", "deleting (no IO)",
                "dead", GONE)
+# The iSCSI session's states (drivers/scsi/scsi_transport_iscsi.c iscsi_session_state_names)
+# and "gone" once logged out.
+ISER_STATES = ("LOGGED_IN", "FAILED", "FREE", GONE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,9 @@ KINDS: dict[str, Kind] = {
     # off: the controller reconnects and I/O waits, so no I/O error may reach the ledger.
     "nvme": Kind(NvmeOf, NVME_STATES, {"backing": "disk", "keep_alive_tmo": 5,
                                        "reconnect_delay": 2, "ctrl_loss_tmo": 600}),
+    # replacement_timeout past any outage: the session recovers and I/O waits.
+    "iser": Kind(Iser, ISER_STATES, {"backing": "disk", "replacement_timeout": 600,
+                                     "noop_out_interval": 5, "noop_out_timeout": 5}),
 }
 
 SETUP_NS = sec(120)      # a setup or a connect: modprobe, configfs, nvme connect on a TCG guest
