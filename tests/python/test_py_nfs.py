@@ -68,6 +68,8 @@ def test_the_model_refuses_nfs_by_name():
     (dict(timeo=1.5), "timeo 1.5"),
     (dict(retrans=True), "retrans True"),
     (dict(fsid=-1), "fsid -1"),
+    (dict(grace_s=5), "grace_s 5"),
+    (dict(grace_s=3601), "grace_s 3601"),
     (dict(target="a", initiator="a"), "both 'a'"),
 ])
 def test_bad_nfs_arguments_are_named(kw, match):
@@ -113,7 +115,7 @@ def test_setup_exports_then_mounts_and_waits_for_answers():
     nfs.setup()
     disk, up, mount, state = lab.calls
     assert disk == ("a", HOST, "disk_by_serial", ("rdmalab-disk",))
-    assert up == ("a", HOST, "server_up", ("rdmalab-disk", 20049, 0))
+    assert up == ("a", HOST, "server_up", ("rdmalab-disk", 20049, 0, None))
     assert mount[:3] == ("b", HOST, "mount")
     assert mount[3][:3] == ("10.0.0.1:/",
                             "proto=rdma,port=20049,vers=4.2,hard,timeo=50,retrans=3",

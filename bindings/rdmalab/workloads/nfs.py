@@ -13,7 +13,10 @@ timeo (tenths of a second) and retrans are the mount's (nfs(5)); None leaves the
 default (600 and 2 for a connection-oriented transport). With `hard` the client retries for
 ever and no I/O error reaches the application; with `soft` a call fails with EIO after retrans
 retransmissions. The export has a fixed fsid, so its file handles outlive a reboot of the
-server (a changing one leaves the client with ESTALE). By default NFSv4's export is the
+server (a changing one leaves the client with ESTALE). grace_s is the server's NFSv4 grace
+period (None: the kernel's, its 90 s lease time): after each start of nfsd, an OPEN that
+reclaims no state before the reboot waits it out (NFS4ERR_GRACE, nfsd4_open,
+fs/nfsd/nfs4proc.c), the first one of a setup included. By default NFSv4's export is the
 server's pseudo-root (fsid=0; the client mounts "/"): nfsd builds the pseudo-root of other
 exports from the server's "/", which in a VM lab guest is an overlayfs, not exportable
 (overlayfs exports file handles only with nfs_export=on, Documentation/filesystems/
@@ -60,7 +63,8 @@ class Nfs(Workload):
 
     def __init__(self, lab, target: str = "a", initiator: str = "b", *, vers: str = "4.2",
                  port: int = NFS_RDMA_PORT, hard: bool = True, timeo: Optional[int] = 100,
-                 retrans: Optional[int] = 2, fsid: Optional[int] = None):
+                 retrans: Optional[int] = 2, fsid: Optional[int] = None,
+                 grace_s: Optional[int] = None):
         super().__init__(lab, target, initiator)
         if str(vers) not in VERSIONS:
             raise ValueError(f"nfs vers {vers!r}: one of {', '.join(VERSIONS)} (nfs(5))")
@@ -68,6 +72,10 @@ class Nfs(Workload):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
                 raise ValueError(f"nfs {name} {value!r}: a positive integer or None")
+        if grace_s is not None and (not isinstance(grace_s, int) or isinstance(grace_s, bool)
+                                    or not 10 <= grace_s <= 3600):
+            raise ValueError(f"nfs grace_s {grace_s!r}: 10 to 3600 s or None "
+                             "(nfsd's nfsv4gracetime, __nfsd4_write_time)")
         v4 = str(vers).startswith("4")
         if fsid is None:
             fsid = 0 if v4 else 1
@@ -76,7 +84,7 @@ class Nfs(Workload):
                              "exports(5)) or None")
         self.vers, self.port, self.hard, self.fsid = str(vers), port, hard, fsid
         self.path = "/" if v4 and fsid == 0 else EXPORT_DIR  # what the client mounts
-        self.timeo, self.retrans = timeo, retrans
+        self.timeo, self.retrans, self.grace_s = timeo, retrans, grace_s
         self.options = mount_options(self.vers, port, hard, timeo, retrans)
         self.mount_point = ""
         self.file = ""
@@ -104,7 +112,7 @@ class Nfs(Workload):
             raise FaultNotSupported("nfs", f"{self.target} has no spare disk (a block device "
                                     f"with serial {SPARE_DISK_SERIAL!r}; the VM lab gives "
                                     "every guest one) for the export")
-        self.on(self.target, "server_up", SPARE_DISK_SERIAL, self.port, self.fsid,
+        self.on(self.target, "server_up", SPARE_DISK_SERIAL, self.port, self.fsid, self.grace_s,
                 deadline_s=600.0)  # mkfs of the spare disk the first time, on a TCG guest
 
     def connect(self, deadline_s: float = 120.0) -> None:

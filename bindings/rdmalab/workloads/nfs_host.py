@@ -19,7 +19,8 @@ import time
 from typing import Optional
 
 from . import records
-from .host import StepFailed, Watcher, answered, at_close, host_name, modprobe, run, step, undone
+from .host import (StepFailed, Watcher, answered, at_close, host_name, modprobe, read_attr, run,
+                   step, undone, write_attr)
 from .nvme_host import disk_by_serial
 
 WORKLOAD = "nfs"
@@ -32,7 +33,8 @@ NFSD_THREADS = 4                         # a TCG guest: a few threads are plenty
 PROBE_EVERY_S = 0.5
 PROBE_LATE_S = 2.0   # a statvfs not back after this: the server is not answering
 CLEANUP_S = 20.0     # an umount or unexport left to the lab's close (its budget: 60 s)
-ANSWERING, NOT_ANSWERING = "answering", "not answering"
+ANSWERING, NOT_ANSWERING, ERROR = "answering", "not answering", "error"
+STATES = (ANSWERING, NOT_ANSWERING, ERROR, records.GONE)  # a mount's, as MountWatcher says
 _WATCHERS: dict[str, "MountWatcher"] = {}
 
 
@@ -96,10 +98,11 @@ def _disk_fs(lab, device: str) -> None:
 
 
 @answered
-def server_up(lab, serial: str, port: int, fsid: int) -> dict:
+def server_up(lab, serial: str, port: int, fsid: int, grace_s: Optional[int]) -> dict:
     """The spare disk (serial) mounted, nfsd running with an RDMA listener on port, EXPORT_DIR
-    exported with fsid; what is already so is kept (a second call is cheap)."""
-    with step(lab, WORKLOAD, "server_up", port=port, fsid=fsid) as data:
+    exported with fsid, its NFSv4 grace period grace_s (None: the kernel's, its lease time);
+    what is already so is kept (a second call is cheap)."""
+    with step(lab, WORKLOAD, "server_up", port=port, fsid=fsid, grace_s=grace_s) as data:
         device = disk_by_serial(lab, serial).get("device", "")
         if not device:
             raise StepFailed("server_up", 0, f"no disk with serial {serial!r}")
@@ -115,6 +118,9 @@ def server_up(lab, serial: str, port: int, fsid: int) -> dict:
              f"*:{EXPORT_DIR}"], 60.0, "exportfs")
         if not _running("rpc.mountd"):
             run(["rpc.mountd"], 60.0, "rpc.mountd")
+        if grace_s is not None and read_attr(os.path.join(NFSD_FS, "threads")) in (None, "0"):
+            # only while nfsd is stopped: EBUSY once it runs (__nfsd4_write_time, nfsctl.c)
+            write_attr(os.path.join(NFSD_FS, "nfsv4gracetime"), str(grace_s))
         run(["rpc.nfsd", str(NFSD_THREADS)], 120.0, "rpc.nfsd")
         with open(os.path.join(NFSD_FS, "portlist")) as f:
             listening = has_listener(f.read(), port)
@@ -161,7 +167,7 @@ class MountWatcher(Watcher):
             os.statvfs(self.path)
             self._result = ANSWERING
         except OSError:
-            self._result = "error"
+            self._result = ERROR
 
     def _now(self) -> str:
         if mounted(self.path) not in ("nfs", "nfs4"):
