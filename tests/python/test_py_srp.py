@@ -21,10 +21,10 @@ class UlpLab:
     whose other host calls answer `answers[function]` (a callable: called with the host)."""
     description = "fake"
 
-    def __init__(self, one_kernel=False, answers=None):
+    def __init__(self, one_kernel=False, answers=None, device=("rxe0", "RoCEv2")):
         self.one_kernel, self.answers, self.calls = one_kernel, answers or {}, []
-        self._host = SimpleNamespace(caps=lambda: SimpleNamespace(name="rxe0",
-                                                                   transport="RoCEv2"))
+        caps = SimpleNamespace(name=device[0], transport=device[1])
+        self._host = SimpleNamespace(caps=lambda: caps)
 
     def has(self, capability):
         return True
@@ -48,7 +48,8 @@ class UlpLab:
 def answers(**more):
     got = {"disk_by_serial": {"device": "/dev/vdb"},
            "port_of": lambda host: {"device": "rxe0", "port": 1,
-                                    "gid": GID_A if host == "a" else GID_B},
+                                    "gid": GID_A if host == "a" else GID_B,
+                                    "link_local": f"fe80::{host}", "ifindex": 3},
            "target_up": {"guid": GUID, "tport": "0x" + GID_A.replace(":", "")},
            "login": {"host": 3, "rport": "port-3:1", "disk": "sda", "device": "/dev/sda",
                      "applied": {}},
@@ -205,3 +206,28 @@ def test_teardown_logs_out_then_removes_the_target_and_leftovers_name_both_owner
     assert srp.leftovers() == {}
     owners = {c[0]: c[3][0] for c in lab.calls if c[2] == "kernel_owned"}
     assert owners == {"a": ["ib_srpt", "rdma_cm"], "b": ["ib_srp", "rdma_cm"]}
+
+
+def test_an_iwarp_target_is_logged_in_to_at_its_link_local_address():
+    """ib_srpt's listener is an IPv6 one; on siw an IPv4 login is reset (IPV4_ON_IWARP)."""
+    lab = UlpLab(answers=answers(), device=("siw0", "iWARP"))
+    srp = Srp(lab)
+    srp.wait_for = lambda pred, timeout_s, what: pred() or pytest.fail(what)
+    srp.setup()
+    options = next(c[3][0] for c in lab.calls if c[2] == "login")
+    assert "dest=[fe80::a%3]:5555" in options and options.endswith("src=[fe80::b%3]")
+
+
+def test_an_iwarp_pair_without_link_local_addresses_is_a_skip_naming_why():
+    no_ll = {"device": "siw0", "port": 1, "gid": GID_B, "link_local": "", "ifindex": 3}
+    srp = Srp(UlpLab(answers=answers(port_of=no_ll), device=("siw0", "iWARP")))
+    srp.export()
+    with pytest.raises(FaultNotSupported, match="srpt_rdma_cm_port_store"):
+        srp.connect()
+
+
+def test_the_link_local_address_is_read_from_ip_addr():
+    info = [{"family": "inet", "local": "10.0.0.1", "scope": "global"},
+            {"family": "inet6", "local": "fe80::5054:ff:fe12:3401", "scope": "link"}]
+    assert srp_host.link_local(info) == "fe80::5054:ff:fe12:3401"
+    assert srp_host.link_local(info[:1]) == ""

@@ -28,9 +28,9 @@ TEARDOWN_S = 60.0   # the remote port's deletion and the target's removal
 SRP_ABORT_S = 5.0   # ib_srp.c SRP_ABORT_TIMEOUT_MS: the abort's, then the LUN reset's, wait
 # SRP has no keep-alive: the initiator notices the silent target when a command outlives
 # scsi_timeout, and the error handler's host reset reconnects. scsi_timeout, fast_io_fail_tmo
-# and dev_loss_tmo well past a TCG guest's reboot (30-90 s on a loaded machine): the reset
+# and dev_loss_tmo past a TCG guest's reboot (45-60 s on this loaded machine): the reset
 # finds the target back and I/O waits instead of failing (rdmalab.workloads.srp).
-TIMEOUTS = dict(reconnect_delay=2, fast_io_fail_tmo=300, dev_loss_tmo=600, scsi_timeout=120)
+TIMEOUTS = dict(reconnect_delay=2, fast_io_fail_tmo=300, dev_loss_tmo=600, scsi_timeout=75)
 
 
 def unit_states(lab, unit: str) -> list:

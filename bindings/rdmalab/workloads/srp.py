@@ -44,6 +44,13 @@ DEFAULTS = {"reconnect_delay": 10, "fast_io_fail_tmo": 15, "dev_loss_tmo": 600}
 # srp_create_ch_ib; cma.c creates them under its KBUILD_MODNAME).
 OWNERS = {"target": ["ib_srpt", "rdma_cm"], "initiator": ["ib_srp", "rdma_cm"]}
 Tmo = Optional[Union[int, str]]
+# Why an iWARP target is reached at its IPv6 link-local address (as blktests' srp tests do).
+IPV4_ON_IWARP = (
+    "ib_srpt listens on the IPv6 wildcard whenever it can (ib_srpt.c srpt_rdma_cm_port_store: "
+    "in6addr_any first, IPv4 only if that fails); an iWARP device's listener is then an IPv6 "
+    "socket, and an IPv4 login to it is reset before ib_srpt sees it (6.1 on siw: REJ "
+    "-ECONNRESET, no SRP_LOGIN_REQ on the target), so the login goes to the target's IPv6 "
+    "link-local address, which this host or its peer lacks")
 
 
 def _seconds(value) -> float:
@@ -135,9 +142,16 @@ class Srp(Workload):
         if not self.guid:
             raise ValueError("srp connect: the target is not exported (export)")
         mine = self._port_of(self.initiator)
-        options = login_string(self.guid, self.lab.address_of(self.target), self.port,
-                               initiator_port_id(mine["gid"])[0],
-                               self.lab.address_of(self.initiator))
+        dest, src = self.lab.address_of(self.target), self.lab.address_of(self.initiator)
+        caps = self.lab.host(self.target).caps()
+        if caps.transport == "iWARP":
+            theirs = self._port_of(self.target)
+            if not (theirs["link_local"] and mine["link_local"]):
+                raise FaultNotSupported(f"srp on {caps.name}", IPV4_ON_IWARP)
+            scope = f"%{mine['ifindex']}"
+            dest, src = theirs["link_local"] + scope, mine["link_local"] + scope
+        options = login_string(self.guid, dest, self.port, initiator_port_id(mine["gid"])[0],
+                               src)
         got = self.on(self.initiator, "login", options, mine["device"], mine["port"],
                       self.guid, self.timeouts, deadline_s, deadline_s=deadline_s + 30)
         self.rport, self.disk, self.device = got["rport"], got["disk"], got["device"]

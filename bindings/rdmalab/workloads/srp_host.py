@@ -76,8 +76,8 @@ def login_string(guid: str, address: str, port: int, initiator_ext: str,
         raise ValueError(f"not a 64-bit GUID: {guid!r}")
     dest = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     opts = [f"id_ext={g}", f"ioc_guid={g}", f"initiator_ext={initiator_ext}", f"dest={dest}"]
-    if source:
-        opts.append(f"src={source}")
+    if source:  # an IPv6 one bracketed too: srp_parse_in takes the last ':' for a port's
+        opts.append(f"src=[{source}]" if ":" in source else f"src={source}")
     return ",".join(opts)
 
 
@@ -115,22 +115,33 @@ def parse_links(text: str) -> list[dict]:
 
 
 # -- the RDMA port of an address
-def _addresses(netdev: str) -> set:
+def _addr_info(netdev: str) -> list:
     got = json.loads(run(["ip", "-j", "addr", "show", "dev", netdev], 30.0, "ip addr") or "[]")
-    return {a.get("local") for i in got for a in i.get("addr_info", [])}
+    return [a for i in got for a in i.get("addr_info", [])]
+
+
+def link_local(addr_info: list) -> str:
+    """The netdev's IPv6 link-local address ("" where it has none)."""
+    return next((a["local"] for a in addr_info if a.get("family") == "inet6"
+                 and a.get("scope") == "link"), "")
 
 
 @answered
 def port_of(lab, address: str) -> dict:
-    """The RDMA device and port whose netdev holds address, and the port's GID 0."""
+    """The RDMA device and port whose netdev holds address, the port's GID 0, and the
+    netdev's IPv6 link-local address and ifindex (its scope)."""
     links = parse_links(run(["rdma", "-j", "link", "show"], 30.0, "rdma link show"))
-    mine = [ln for ln in links if ln["netdev"] and address in _addresses(ln["netdev"])]
-    if not mine:
+    for ln in links:
+        info = _addr_info(ln["netdev"]) if ln["netdev"] else []
+        if any(a.get("local") == address for a in info):
+            break
+    else:
         raise StepFailed("port_of", _errno.ENODEV, f"no RDMA link's netdev holds {address}: "
                          f"{links}")
-    ln = mine[0]
     gid = read_attr(f"/sys/class/infiniband/{ln['device']}/ports/{ln['port']}/gids/0") or ""
-    return {"device": ln["device"], "port": ln["port"], "gid": gid}
+    return {"device": ln["device"], "port": ln["port"], "gid": gid,
+            "link_local": link_local(info),
+            "ifindex": int(read_attr(f"/sys/class/net/{ln['netdev']}/ifindex") or 0)}
 
 
 # -- the target
