@@ -4,9 +4,9 @@ The server is the kernel's nfsd started by hand, as nfs-kernel-server's service 
 there is no systemd: nfsd's filesystem on /proc/fs/nfsd, rpcbind, rpc.mountd, `rpc.nfsd`, the
 RDMA listener added through nfsd's portlist (Documentation/filesystems/nfs/nfs-rdma.rst), and
 one export (exportfs) of a directory on an ext4 filesystem on the host's spare disk. The
-server's /var/lib/nfs lives on that disk too: it holds NFSv4's client records (nfsdcltrack's
-database), without which a rebooted server refuses the clients' reclaims and their open files
-fail with EIO (nfsd4_client_tracking_init, fs/nfsd/nfs4recover.c).
+server's /var/lib/nfs lives on that disk too: it holds NFSv4's client records (6.1 in a guest
+uses the legacy v4recovery directory, nfsd4_client_tracking_init, fs/nfsd/nfs4recover.c),
+without which a rebooted server knows none of its clients and refuses their reclaims.
 
 The client mounts with proto=rdma; there is no sysfs state for a mount, so a MountWatcher
 probes it (`ulp_state` records)."""
