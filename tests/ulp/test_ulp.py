@@ -182,7 +182,7 @@ def test_ulp_campaign(lab, workload, campaign):
         w.teardown(TEARDOWN_S)
         teardown_s = time.monotonic() - t0
     left = w.leftovers()
-    lab.record("ulp_campaign", object=workload, campaign=campaign.name,
+    lab.record("ulp_campaign", object=workload, campaign=campaign.name, moment=campaign.moment,
                fault_s=round(fault_s, 1), recovery_s=round(recovery_s, 1),
                teardown_s=round(teardown_s, 1), io_errors=io["errors"],
                first_error=io["first_error"], acked=got["acked"], lost=got["lost_count"],

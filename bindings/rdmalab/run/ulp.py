@@ -7,8 +7,9 @@ README "Kernel ULPs under faults").
 
 Each device is one `python3 -m rdmalab run --lab vm:<device> tests/ulp` into OUT/<device>/. A
 cell says the campaign's outcome and, from its `ulp_campaign` record, the seconds from the
-heal to the unit live again (a CM fault at connect: the connect's) and the teardown's; a
-failure or skip its reason's first words. The table goes to OUT/ulp.md and, with --readme,
+heal to the unit working again ("stayed live": it never stopped; a CM fault at connect: the
+connect's) and the teardown's (a CM fault at disconnect: that alone); a failure or skip its
+reason's first words; a seed scenario without a record: its outcome. The table goes to OUT/ulp.md and, with --readme,
 between <!-- ulp:begin --> and <!-- ulp:end --> of that file."""
 from __future__ import annotations
 
@@ -53,17 +54,37 @@ def campaign_record(run_dir: Path, r: report.Result) -> dict:
 
 
 def cell(r: report.Result, data: dict) -> str:
-    times = (f"live {data['recovery_s']:g} s, teardown {data['teardown_s']:g} s"
-             if data else "")
+    times = ""
+    # Records of before the moment field: the campaign's name says it ("... at connect").
+    moment = data.get("moment") or data.get("campaign", "").rpartition(" at ")[2]
+    if data:
+        if moment == "disconnect":  # the fault was in the teardown
+            times = f"teardown {data['teardown_s']:g} s"
+        elif data["recovery_s"] == 0 and moment != "connect":
+            times = f"stayed live, teardown {data['teardown_s']:g} s"
+        else:
+            times = f"live {data['recovery_s']:g} s, teardown {data['teardown_s']:g} s"
     if data.get("io_errors"):
         times += f", {data['io_errors']} I/O errors"
     if r.outcome == "passed":
-        return times
+        return times or "passed"
     said = (r.message or "").split("\n", 1)[0].replace("rdmalab.errors.", "")
+    said = said.replace("Hung: Hung:", "Hung:")
     reason = " ".join(said.split())[:REASON_CHARS]
     word = {"failed": "**FAILED**", "error": "**ERROR**", "host_lost": "**HOST-LOST**"}.get(
         r.outcome, r.outcome)
     return f"{word}: {reason}" + (f" ({times})" if times else "")
+
+
+def _row(scenario: str) -> tuple[str, str]:
+    """(campaign, workload) of a test: test_ulp_campaign[<campaign>-<workload>], or a seed
+    scenario, test_<workload>_<what> (test_nvme_target_torn_down_with_io_in_flight)."""
+    if "[" in scenario:
+        campaign, _, workload = scenario.split("[", 1)[1].rstrip("]").rpartition("-")
+        return campaign, workload
+    name = scenario.rpartition("::")[2].removeprefix("test_")
+    workload, _, what = name.partition("_")
+    return what.replace("_", " "), workload
 
 
 def markdown(out: Path) -> str:
@@ -73,8 +94,7 @@ def markdown(out: Path) -> str:
         for r in report.read_junit(str(junit)):
             if r.column.startswith("model"):
                 continue
-            # test_ulp::test_ulp_campaign[<campaign>-<workload>]
-            campaign, _, workload = r.scenario.split("[", 1)[-1].rstrip("]").rpartition("-")
+            campaign, workload = _row(r.scenario)
             data = campaign_record(junit.parent, r)
             campaign = data.get("campaign", campaign)
             rows.setdefault((workload, campaign), {})[r.column] = cell(r, data)
