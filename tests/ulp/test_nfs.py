@@ -11,10 +11,13 @@ service does), recovery, teardown. Rules, each with its source:
 - liveness: once the server exports again, the mount answers within one retry cycle of the
   mount (Nfs.retry_bound_s: timeo growing by timeo for retrans retransmissions, then again)
   plus the longest wait of the transport between two connects (RPCRDMA_MAX_REEST_TO, 30 s,
-  net/sunrpc/xprtrdma/xprt_rdma.h), a reconnect, and with NFSv4 the server's grace period
-  (on 6.1 the client's I/O resumed only when it ended: the server's log showed the client's
-  record of before the reboot expire unreclaimed, "Failed to remove expired client state
-  directory", and an OPEN that reclaims nothing waits out the grace, nfsd4_open);
+  net/sunrpc/xprtrdma/xprt_rdma.h), a reconnect, and with NFSv4 the server's grace period:
+  on 6.1 (rxe and siw) the transport was back seconds after the export ("nfs: server ... OK")
+  but the client's I/O resumed only when the grace ended (105 s after the export with the
+  default 90 s, 17 s with GRACE_S). During the grace nfsd answers NFS4ERR_GRACE to an OPEN
+  that reclaims nothing (nfsd4_open, fs/nfsd/nfs4proc.c) and to I/O under a special stateid
+  (check_special_stateids, fs/nfsd/nfs4state.c); which of them held this client is not known
+  yet (the server logs "Failed to remove expired client state directory" after the grace);
 - teardown: umount and the server's stop finish within TEARDOWN_S and leave no cm_id, QP, CQ,
   MR or PD of rpcrdma (client or server) in `rdma res`.
 On the model (no kernel) the workload refuses, which is a skip naming why."""

@@ -42,6 +42,12 @@ VERSIONS = ("3", "4", "4.0", "4.1", "4.2")
 OWNERS = ("rpcrdma", "svcrdma")
 
 
+def _check_int(name: str, value, low: int, high: int, what: str) -> None:
+    """value is None or an int (not a bool) from low to high, else ValueError naming it."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or not low <= value <= high):
+        raise ValueError(f"nfs {name} {value!r}: {what}")
+
 
 def mount_options(vers: str, port: int, hard: bool, timeo: Optional[int],
                   retrans: Optional[int]) -> str:
@@ -68,20 +74,15 @@ class Nfs(Workload):
         super().__init__(lab, target, initiator)
         if str(vers) not in VERSIONS:
             raise ValueError(f"nfs vers {vers!r}: one of {', '.join(VERSIONS)} (nfs(5))")
-        for name, value in (("timeo", timeo), ("retrans", retrans)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                raise ValueError(f"nfs {name} {value!r}: a positive integer or None")
-        if grace_s is not None and (not isinstance(grace_s, int) or isinstance(grace_s, bool)
-                                    or not 10 <= grace_s <= 3600):
-            raise ValueError(f"nfs grace_s {grace_s!r}: 10 to 3600 s or None "
-                             "(nfsd's nfsv4gracetime, __nfsd4_write_time)")
+        _check_int("timeo", timeo, 1, 2**31, "a positive integer or None")
+        _check_int("retrans", retrans, 1, 2**31, "a positive integer or None")
+        _check_int("grace_s", grace_s, 10, 3600, "10 to 3600 s or None (nfsd's "
+                   "nfsv4gracetime, __nfsd4_write_time)")
+        _check_int("fsid", fsid, 0, 2**31, "an integer from 0 (NFSv4's pseudo-root, "
+                   "exports(5)) or None")
         v4 = str(vers).startswith("4")
         if fsid is None:
             fsid = 0 if v4 else 1
-        if not isinstance(fsid, int) or isinstance(fsid, bool) or fsid < 0:
-            raise ValueError(f"nfs fsid {fsid!r}: an integer from 0 (NFSv4's pseudo-root, "
-                             "exports(5)) or None")
         self.vers, self.port, self.hard, self.fsid = str(vers), port, hard, fsid
         self.path = "/" if v4 and fsid == 0 else EXPORT_DIR  # what the client mounts
         self.timeo, self.retrans, self.grace_s = timeo, retrans, grace_s
