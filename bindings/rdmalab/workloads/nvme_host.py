@@ -150,13 +150,16 @@ def _controllers(nqn: str) -> list[str]:
 
 
 def _namespace(ctrl: str) -> str:
-    """The block device of the controller's namespace 1 (nvmeXnY; with native multipath the
-    head device nvmeSnY is what I/O goes to)."""
-    heads = glob.glob(f"/sys/class/nvme/{ctrl}/nvme*c*n1") + \
-        glob.glob(f"/sys/class/nvme/{ctrl}/nvme*n1")
-    for path in heads:
+    """The block device of the controller's namespace 1. Its name numbers the namespace's
+    instance, not its nsid: nvmeXnY (no multipath), or with native multipath the path
+    nvmeScCnY under the controller and its head nvmeSnY, what I/O goes to. A head still held
+    open after its controller went (an application's descriptor) keeps its instance, so the
+    namespace seen again through a new controller gets another Y: found by its nsid file."""
+    for path in sorted(glob.glob(f"/sys/class/nvme/{ctrl}/nvme*n*")):
+        if read_attr(os.path.join(path, "nsid")) != "1":
+            continue
         name = os.path.basename(path)
-        if "c" in name[4:]:  # a path device nvmeScCnN: its head is nvmeSnN
+        if "c" in name[4:]:  # a path device nvmeScCnY: its head is nvmeSnY
             s, rest = name[4:].split("c", 1)
             name = f"nvme{s}n{rest.split('n', 1)[1]}"
         if os.path.exists(f"/dev/{name}"):
