@@ -16,7 +16,7 @@ import pytest
 
 from rdmalab import FaultNotSupported, sec
 from rdmalab.checkers.workloads import KINDS
-from rdmalab.workloads import Iser, NvmeOf
+from rdmalab.workloads import Iser, Nfs, NvmeOf
 
 RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
 TEARDOWN_S = 60.0
@@ -26,9 +26,11 @@ OUTAGE_NS = sec(10)  # longer than keep_alive_tmo: the controller notices
 TIMEOUTS = dict(keep_alive_tmo=5, reconnect_delay=2, ctrl_loss_tmo=600, fast_io_fail_tmo=None)
 # Each workload with timeouts longer than any outage here (a TCG guest's reboot: 30-90 s), so
 # that I/O waits instead of failing: nvme-connect(1); iscsid.conf's replacement_timeout.
-WORKLOADS = {"nvme": (NvmeOf, TIMEOUTS),
-             "iser": (Iser, dict(replacement_timeout=600, noop_out_interval=5,
-                                 noop_out_timeout=5))}
+WORKLOADS = {"nvme": (NvmeOf, dict(TIMEOUTS, backing="disk")),
+             "iser": (Iser, dict(backing="disk", replacement_timeout=600, noop_out_interval=5,
+                                 noop_out_timeout=5)),
+             # a hard mount: I/O waits; NFSv3 (NFSv4 adds the server's grace period)
+             "nfs": (Nfs, dict(vers="3", hard=True, timeo=100, retrans=2))}
 
 
 def iwarp(lab, host) -> bool:
@@ -155,7 +157,7 @@ def test_ulp_campaign(lab, workload, campaign):
     if campaign.fresh_agents:
         lab.free_devices("a", "b")
     cls, options = WORKLOADS[workload]
-    w = cls(lab, target="a", initiator="b", backing="disk", **options)
+    w = cls(lab, target="a", initiator="b", **options)
     working = KINDS[workload].live  # the unit's working state (live, LOGGED_IN)
     w.export()
     bound = RECONNECT_S + options.get("reconnect_delay", 0) + lab.tolerance_ns / 1e9

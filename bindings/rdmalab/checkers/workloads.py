@@ -37,7 +37,7 @@ CONNECT_BUDGET_S = 60
 # A teardown (nvme disconnect, an iSCSI logout, the target's configfs removal), also with the
 # peer gone: the drain and the CM's DREQ timeout stay well under it.
 TEARDOWN_S = 60
-TEARDOWN_STEPS = frozenset({"disconnect", "logout", "target_down"})
+TEARDOWN_STEPS = frozenset({"disconnect", "logout", "target_down", "umount", "server_down"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,11 @@ KINDS = {
     # iscsid.conf); session_recovery_timedout fails its I/O. iscsid keeps logging in after.
     "iser": Kind(live="LOGGED_IN", connect="login", fail_io={"replacement_timeout": "FAILED"},
                  defaults={"replacement_timeout": 120}),
+    # nfs(5): a hard mount retries for ever and never fails I/O (a soft mount's EIO timing,
+    # timeo x retrans, is not modelled: none allowed). NFSv4's recovery includes the server's
+    # grace period (its grace_s at server_up; the kernel's default 90 s passes the budget).
+    "nfs": Kind(live="answering", connect="mount", fail_io={},
+                defaults={"timeo": 600, "retrans": 2}, export="server_up"),
 }
 
 

@@ -26,7 +26,8 @@ from typing import Any, Optional
 from .. import sec
 from ..checkers import workloads as rules
 from ..errors import Error, FaultNotSupported, Hung, WorkloadError
-from ..workloads import Iser, NvmeOf
+from ..workloads import Iser, Nfs, NvmeOf
+from ..workloads.nfs_host import STATES as NFS_STATES
 from ..workloads.records import GONE, WORKLOAD
 from .schedule import ScheduleError
 
@@ -63,6 +64,8 @@ KINDS: dict[str, Kind] = {
     # replacement_timeout past any outage: the session recovers and I/O waits.
     "iser": Kind(Iser, ISER_STATES, {"backing": "disk", "replacement_timeout": 600,
                                      "noop_out_interval": 5, "noop_out_timeout": 5}),
+    # A hard NFSv3 mount: I/O waits out any outage (NFSv4 adds the server's grace period).
+    "nfs": Kind(Nfs, NFS_STATES, {"vers": "3", "hard": True, "timeo": 100, "retrans": 2}),
 }
 
 SETUP_NS = sec(120)      # a setup or a connect: modprobe, configfs, nvme connect on a TCG guest
