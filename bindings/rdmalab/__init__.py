@@ -37,7 +37,7 @@ _FACE = {
     **dict.fromkeys(("Host", "Process", "model_lab", "personalities"), ".labs.engine"),
     **dict.fromkeys(("CM_PROTOCOL_STATE", "KERNEL_ULP", "SRQ_OCCUPANCY", "STATE_DUMP",
                      "VIRTUAL_TIME", "WIRE_PLACEMENT", "Lab"), ".protocol"),
-    "workloads": ".workloads", "NvmeOf": ".workloads", "Iser": ".workloads", "Nfs": ".workloads",
+    "workloads": ".workloads", "NvmeOf": ".workloads", "Iser": ".workloads", "Nfs": ".workloads", "Srp": ".workloads",
     **dict.fromkeys(("NS_PER_MS", "NS_PER_SEC", "NS_PER_US", "ms", "sec", "us"), ".names"),
     "MODIFY_KEYWORDS": ".api.requests",
     **dict.fromkeys(("WC", "AsyncEvent", "Context", "Cq", "DeviceCaps", "Mr", "Pd", "Qp", "Srq",

@@ -153,8 +153,8 @@ def test_an_error_while_live_is_invalid():
 def test_an_error_before_any_connect_or_of_an_unknown_kind_is_unknown():
     r = w.check(H().state(2, "live").io_error(5), EXACT)
     assert r.verdict == "unknown" and "no connect step before it" in r.reason, r.reason
-    r = w.check(H().io_error(5, obj="srp"), EXACT)
-    assert r.verdict == "unknown" and "workload kind 'srp'" in r.reason, r.reason
+    r = w.check(H().io_error(5, obj="fc"), EXACT)
+    assert r.verdict == "unknown" and "workload kind 'fc'" in r.reason, r.reason
 
 
 def test_iser_errors_wait_for_the_replacement_timeout():

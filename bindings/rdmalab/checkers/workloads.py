@@ -73,6 +73,12 @@ KINDS = {
     # nfs(5): a hard mount retries for ever and never fails I/O (a soft mount's EIO timing,
     # timeo x retrans, is not modelled: none allowed). NFSv4's recovery includes the server's
     # grace period (its grace_s at server_up; the kernel's default 90 s passes the budget).
+    # ib_srp (Documentation/ABI/stable/sysfs-transport-srp; scsi_transport_srp.c): I/O fails
+    # fast_io_fail_tmo after the remote port blocked, and the port goes at dev_loss_tmo.
+    "srp": Kind(live="running", connect="login",
+                fail_io={"fast_io_fail_tmo": "blocked", "dev_loss_tmo": "blocked"},
+                defaults={"reconnect_delay": 10, "fast_io_fail_tmo": 15, "dev_loss_tmo": 600},
+                gives_up="dev_loss_tmo", reconnect_delay="reconnect_delay"),
     "nfs": Kind(live="answering", connect="mount", fail_io={},
                 defaults={"timeo": 600, "retrans": 2}, export="server_up"),
 }

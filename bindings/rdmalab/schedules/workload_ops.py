@@ -26,7 +26,7 @@ from typing import Any, Optional
 from .. import sec
 from ..checkers import workloads as rules
 from ..errors import Error, FaultNotSupported, Hung, WorkloadError
-from ..workloads import Iser, Nfs, NvmeOf
+from ..workloads import Iser, Nfs, NvmeOf, Srp
 from ..workloads.nfs_host import STATES as NFS_STATES
 from ..workloads.records import GONE, WORKLOAD
 from .schedule import ScheduleError
@@ -65,6 +65,10 @@ KINDS: dict[str, Kind] = {
     "iser": Kind(Iser, ISER_STATES, {"backing": "disk", "replacement_timeout": 600,
                                      "noop_out_interval": 5, "noop_out_timeout": 5}),
     # A hard NFSv3 mount: I/O waits out any outage (NFSv4 adds the server's grace period).
+    # SRP has no keep-alive: a SCSI command timeout past the outage, or sd offlines the disk.
+    "srp": Kind(Srp, ("running", "blocked", "fail-fast", "lost", GONE),
+                {"reconnect_delay": 2, "fast_io_fail_tmo": 300, "dev_loss_tmo": 600,
+                 "scsi_timeout": 75}),
     "nfs": Kind(Nfs, NFS_STATES, {"vers": "3", "hard": True, "timeo": 100, "retrans": 2}),
 }
 
