@@ -60,7 +60,7 @@ def cell(r: report.Result, data: dict) -> str:
     if data:
         if moment == "disconnect":  # the fault was in the teardown
             times = f"teardown {data['teardown_s']:g} s"
-        elif data["recovery_s"] == 0 and moment != "connect":
+        elif data["recovery_s"] == 0 and moment != "connect" and not data.get("io_errors"):
             times = f"stayed live, teardown {data['teardown_s']:g} s"
         else:
             times = f"live {data['recovery_s']:g} s, teardown {data['teardown_s']:g} s"
