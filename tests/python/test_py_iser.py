@@ -5,62 +5,18 @@ tests/scenarios/test_iser.py on the VM lab."""
 
 import os
 import stat
-from types import SimpleNamespace
 
 import pytest
 
 from rdmalab import FaultNotSupported, WorkloadError, model_lab
-from rdmalab.workloads import Iser, iser_host, records
+from rdmalab.workloads import Iser, host, iser_host, records
 from rdmalab.workloads.host import StepFailed
+from workload_fakes import HostLab, UlpLab
 
 ROOT = "/sys/kernel/config/target"
 IQN = "iqn.2026-11.io.rdmalab:iser"
 
 
-class HostLab:
-    """What a host side asks of the agent's lab: its one host and records."""
-
-    def __init__(self):
-        self.hosts = {"a": object()}
-        self.records: list[dict] = []
-        self.closers = []
-
-    def record(self, kind, object="scenario", host="", **data):
-        self.records.append({"kind": kind, "object": object, "host": host, **data})
-
-    def add_closer(self, fn):
-        self.closers.append(fn)
-
-
-class UlpLab:
-    """A lab with kernel ULPs whose hosts answer boot_id (kernels of their own, or one) and
-    whose other host calls answer `answers[function]`."""
-    description = "fake"
-
-    def __init__(self, one_kernel=False, answers=None, device=("rxe0", "RoCEv2")):
-        self.one_kernel, self.answers, self.calls = one_kernel, answers or {}, []
-        caps = SimpleNamespace(name=device[0], transport=device[1])
-        self._host = SimpleNamespace(caps=lambda: caps)
-
-    def has(self, capability):
-        return True
-
-    def host(self, name):
-        if name not in ("a", "b"):
-            raise KeyError(f"no host {name!r}; hosts: a, b")
-        return self._host
-
-    def address_of(self, host):
-        return {"a": "10.0.0.1", "b": "10.0.0.2"}[host]
-
-    def run_on(self, host, module, function, *args, deadline_s):
-        if function == "boot_id":
-            return {"boot_id": "one" if self.one_kernel else host}
-        self.calls.append((host, module, function, args))
-        return self.answers[function]
-
-
-# -- refusals
 def test_the_model_refuses_iser_by_name():
     with model_lab(hosts=("a", "b")) as lab:
         with pytest.raises(FaultNotSupported) as e:
@@ -131,7 +87,7 @@ def test_export_and_login_go_to_their_hosts_with_the_scenario_timeouts():
     iser.wait_for = lambda pred, timeout_s, what: pred() or pytest.fail(what)
     iser.setup()
     (_, nvme, _, serial), up, login = lab.calls[:3]
-    assert nvme == "rdmalab.workloads.nvme_host" and serial == ("rdmalab-disk",)
+    assert nvme == "rdmalab.workloads.host" and serial == ("rdmalab-disk",)
     assert up == ("a", "rdmalab.workloads.iser_host", "target_up",
                   (IQN, "/dev/vda", "10.0.0.1", 3260))
     assert login[:3] == ("b", "rdmalab.workloads.iser_host", "login")
@@ -170,9 +126,11 @@ class Configfs:
     def __init__(self, monkeypatch):
         self.attrs, self.dirs, self.changes = {}, set(), []
         for name, fn in (("write_attr", self.write), ("read_attr", self.read),
-                         ("_mkdir", self.mkdir), ("modprobe", lambda *m: None),
+                         ("ensure_dir", self.mkdir), ("modprobe", lambda *m: None),
                          ("configfs", lambda: "/sys/kernel/config")):
             monkeypatch.setattr(iser_host, name, fn)
+        for name, fn in (("write_attr", self.write), ("read_attr", self.read)):
+            monkeypatch.setattr(host, name, fn)  # what host.set_attr reads and writes
         monkeypatch.setattr(iser_host.os, "symlink", self.symlink)
         monkeypatch.setattr(iser_host.os.path, "islink", lambda p: p in self.dirs)
 
@@ -195,7 +153,7 @@ class Configfs:
 
 
 def test_target_up_writes_in_rtslibs_order_and_a_second_export_changes_nothing(monkeypatch):
-    fs, lab = Configfs(monkeypatch), HostLab()
+    fs, lab = Configfs(monkeypatch), HostLab("a")
     got = iser_host.target_up(lab, IQN, "/dev/vda", "10.0.0.1", 3260)
     assert got == {"serial": iser_host.unit_serial(IQN), "portal": "10.0.0.1:3260"}
     tpg, obj = f"iscsi/{IQN}/tpgt_1", "core/iblock_0/rdmalab"
@@ -234,7 +192,7 @@ def test_target_down_undoes_innermost_first_and_skips_what_is_gone(monkeypatch, 
     monkeypatch.setattr(iser_host, "write_attr", lambda f, v: done.append(("write", f, v)))
     monkeypatch.setattr(iser_host.os, "rmdir", lambda d: done.append(("rmdir", d)))
     monkeypatch.setattr(iser_host.os, "unlink", lambda d: done.append(("unlink", d)))
-    assert iser_host.target_down(HostLab(), IQN, "10.0.0.1", 3260)["took_s"] >= 0
+    assert iser_host.target_down(HostLab("a"), IQN, "10.0.0.1", 3260)["took_s"] >= 0
     assert done == [("write", os.path.join(p["tpg"], "enable"), "0"), ("rmdir", p["np"]),
                     ("unlink", p["lun_link"]), ("rmdir", p["lun"]), ("rmdir", p["tpg"]),
                     ("rmdir", p["wwn"]), ("rmdir", p["object"]), ("rmdir", p["hba"])]
@@ -245,7 +203,7 @@ def test_a_failed_configfs_write_is_a_failed_answer_recorded_as_iser(monkeypatch
         raise StepFailed("modprobe ib_isert", 0, "modprobe ib_isert exited 1: not found")
 
     monkeypatch.setattr(iser_host, "modprobe", refuse)
-    lab = HostLab()
+    lab = HostLab("a")
     got = iser_host.target_up(lab, IQN, "/dev/vda", "10.0.0.1", 3260)
     assert got == {"failed": {"step": "modprobe ib_isert", "errno": 0,
                               "detail": "modprobe ib_isert exited 1: not found"}}

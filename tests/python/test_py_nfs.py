@@ -11,50 +11,11 @@ import pytest
 from rdmalab import FaultNotSupported, WorkloadError, model_lab
 from rdmalab.workloads import nfs_host, records
 from rdmalab.workloads.nfs import Nfs, mount_options
+from workload_fakes import HostLab, UlpLab
 
 HOST = "rdmalab.workloads.nfs_host"
 
 
-class HostLab:
-    """What a host side asks of the agent's lab: its one host, records, closers."""
-
-    def __init__(self):
-        self.hosts = {"b": object()}
-        self.records: list[dict] = []
-        self.closers = []
-        self._lock = threading.Lock()
-
-    def record(self, kind, object="scenario", host="", **data):
-        with self._lock:
-            self.records.append({"kind": kind, "object": object, "host": host, **data})
-
-    def add_closer(self, fn):
-        self.closers.append(fn)
-
-
-class UlpLab:
-    """A lab with kernel ULPs whose host calls answer `answers[function]`."""
-    description = "fake"
-
-    def __init__(self, answers=None):
-        self.answers, self.calls = answers or {}, []
-
-    def has(self, capability):
-        return True
-
-    def host(self, name):
-        if name not in ("a", "b"):
-            raise KeyError(f"no host {name!r}; hosts: a, b")
-
-    def address_of(self, host):
-        return {"a": "10.0.0.1", "b": "10.0.0.2"}[host]
-
-    def run_on(self, host, module, function, *args, deadline_s):
-        self.calls.append((host, module, function, args))
-        return self.answers[function]
-
-
-# -- refusals
 def test_the_model_refuses_nfs_by_name():
     with model_lab(hosts=("a", "b")) as lab:
         with pytest.raises(FaultNotSupported) as e:
@@ -114,7 +75,7 @@ def test_setup_exports_then_mounts_and_waits_for_answers():
     nfs.wait_for = lambda pred, timeout_s, what: pred() or pytest.fail(what)
     nfs.setup()
     disk, up, mount, state = lab.calls
-    assert disk == ("a", HOST, "disk_by_serial", ("rdmalab-disk",))
+    assert disk == ("a", "rdmalab.workloads.host", "disk_by_serial", ("rdmalab-disk",))
     assert up == ("a", HOST, "server_up", ("rdmalab-disk", 20049, 0, None))
     assert mount[:3] == ("b", HOST, "mount")
     assert mount[3][:3] == ("10.0.0.1:/",

@@ -3,46 +3,17 @@ refusals, the timeouts srp_tmo_valid takes, the names ib_srpt gives ports and in
 login string ib_srp parses, and the configfs layout of the target. The workload itself runs
 in tests/ulp/test_srp.py on the VM lab."""
 
-from types import SimpleNamespace
 
 import pytest
 
 from rdmalab import FaultNotSupported, WorkloadError, model_lab
 from rdmalab.workloads import srp_host
 from rdmalab.workloads.srp import Srp, check_timeouts
+from workload_fakes import UlpLab
 
 GID_A = "fe80:0000:0000:0000:5054:00ff:fe12:3456"   # rxe: link-local, from the MAC
 GID_B = "5254:00ab:cdef:0000:0000:0000:0000:0000"   # siw: the MAC, zero padded
 GUID = "0x505400fffe123456"
-
-
-class UlpLab:
-    """A lab with kernel ULPs whose hosts answer boot_id (kernels of their own, or one) and
-    whose other host calls answer `answers[function]` (a callable: called with the host)."""
-    description = "fake"
-
-    def __init__(self, one_kernel=False, answers=None, device=("rxe0", "RoCEv2")):
-        self.one_kernel, self.answers, self.calls = one_kernel, answers or {}, []
-        caps = SimpleNamespace(name=device[0], transport=device[1])
-        self._host = SimpleNamespace(caps=lambda: caps)
-
-    def has(self, capability):
-        return True
-
-    def host(self, name):
-        if name not in ("a", "b"):
-            raise KeyError(f"no host {name!r}; hosts: a, b")
-        return self._host
-
-    def address_of(self, host):
-        return {"a": "10.0.0.1", "b": "10.0.0.2"}[host]
-
-    def run_on(self, host, module, function, *args, deadline_s):
-        if function == "boot_id":
-            return {"boot_id": "one" if self.one_kernel else host}
-        self.calls.append((host, module, function, args))
-        got = self.answers[function]
-        return got(host) if callable(got) else got
 
 
 def answers(**more):

@@ -11,26 +11,7 @@ import pytest
 
 from rdmalab import FaultNotSupported, model_lab
 from rdmalab.workloads import NvmeOf, host, ledger, records
-
-
-class HostLab:
-    """What a workload's host side asks of the agent's lab: its one host, records, closers."""
-
-    def __init__(self):
-        self.hosts = {"b": object()}
-        self.records: list[dict] = []
-        self.closers = []
-        self._lock = threading.Lock()
-
-    def record(self, kind, object="scenario", host="", **data):
-        with self._lock:
-            self.records.append({"kind": kind, "object": object, "host": host, **data})
-
-    def add_closer(self, fn):
-        self.closers.append(fn)
-
-    def kinds(self, kind):
-        return [r for r in self.records if r["kind"] == kind]
+from workload_fakes import HostLab, UlpLab
 
 
 def disk(tmp_path, blocks: int) -> str:
@@ -173,25 +154,6 @@ def test_the_model_refuses_a_workload_by_name():
         assert "kernel_ulp" in str(e.value)
         with pytest.raises(FaultNotSupported):
             lab.run_on("a", "rdmalab.workloads.host", "host_name")
-
-
-class UlpLab:
-    """A lab with kernel ULPs whose hosts answer boot_id: kernels of their own, or one."""
-    description = "fake"
-
-    def __init__(self, one_kernel=False):
-        self.one_kernel = one_kernel
-
-    def has(self, capability):
-        return True
-
-    def host(self, name):
-        if name not in ("a", "b"):
-            raise KeyError(f"no host {name!r}; hosts: a, b")
-
-    def run_on(self, host, module, function, *args, deadline_s):
-        assert (module, function) == ("rdmalab.workloads.host", "boot_id")
-        return {"boot_id": "one" if self.one_kernel else host}
 
 
 def test_nvme_on_namespaces_of_one_kernel_is_refused_with_the_reason():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as _errno
+import glob
 import json
 import os
 import subprocess
@@ -209,3 +210,48 @@ def kernel_owned(lab, owners: list[str]) -> dict:
         if mine:
             held[kind] = mine
     return {"held": held}
+
+
+def ensure_dir(path: str) -> None:
+    """mkdir of a configfs or sysfs directory that may be there already (a second export)."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StepFailed(f"mkdir {path}", e.errno or 0, e.strerror or "") from None
+
+
+def set_attr(path: str, value: str) -> None:
+    """Writes an attribute that does not hold value yet (a second export changes nothing)."""
+    if read_attr(path) != value:
+        write_attr(path, value)
+
+
+@answered
+def disk_by_serial(lab, serial: str) -> dict:
+    """The disk whose serial is this (the VM lab's spare disk, kept across reboots; its
+    virtio driver loaded first: no udev loads it in a guest); "" where there is none."""
+    try:
+        modprobe("virtio_blk")
+    except StepFailed:
+        pass  # not a virtio machine: its disks have their drivers
+    for path in glob.glob("/sys/block/*/serial"):
+        if read_attr(path) == serial:
+            return {"device": "/dev/" + path.split("/")[3]}
+    return {"device": ""}
+
+
+@answered
+def null_blk(lab, workload: str, size_mb: int) -> dict:
+    """A memory-backed null_blk device (configfs nullb "rdmalab"): a RAM disk that keeps what
+    is written while its host is up. Its path; the step recorded as workload's."""
+    with step(lab, workload, "null_blk", size_mb=size_mb):
+        # nr_devices=0: no nullb0 of the module's own; ours is made through configfs.
+        run(["modprobe", "null_blk", "nr_devices=0"], 60.0, "modprobe null_blk")
+        root = os.path.join(configfs(), "nullb", "rdmalab")
+        ensure_dir(root)
+        for attr, value in (("size", str(size_mb)), ("memory_backed", "1"),
+                            ("blocksize", "4096"), ("power", "1")):
+            set_attr(os.path.join(root, attr), value)
+        return {"device": f"/dev/nullb{read_attr(os.path.join(root, 'index'))}"}

@@ -20,12 +20,9 @@ import errno as _errno
 from typing import Optional
 
 from ..errors import FaultNotSupported, WorkloadError
-from ..machines.machine import SPARE_DISK_SERIAL
 from .base import HOST, STEP_DEADLINE_S, Workload
 
 MODULE = "rdmalab.workloads.iser_host"
-NVME_HOST = "rdmalab.workloads.nvme_host"  # disk_by_serial: the spare disk, found by serial
-LEDGER = "rdmalab.workloads.ledger"
 ISCSI_PORT = 3260  # the IANA port of iSCSI (RDMA/CM's service id for iSER too)
 IQN_MAX = 223      # RFC 3720 3.2.6.1: an iSCSI name is at most 223 bytes
 # Why LIO's iSER listener cannot start on an iWARP device whose connections are the host's own
@@ -62,6 +59,7 @@ def check_iqn(iqn: str) -> None:
 
 class Iser(Workload):
     kind = "iser"
+    owners = OWNERS
     module = MODULE
 
     def __init__(self, lab, target: str = "a", initiator: str = "b", *,
@@ -87,8 +85,6 @@ class Iser(Workload):
                                     "ulp/iser/iser_verbs.c), where the hosts' addresses are not")
         self.iqn, self.port, self.backing, self.size_mb = iqn, port, backing, size_mb
         self.session = self.disk = self.device = ""
-        self._ledger: Optional[int] = None       # the ledger writing now
-        self._last_ledger: Optional[int] = None  # the one verify reads back
 
     # -- set up and tear down
     def setup(self, deadline_s: float = 120.0) -> None:
@@ -98,16 +94,7 @@ class Iser(Workload):
         self.connect(deadline_s)
 
     def export(self) -> None:
-        if self.backing == "null_blk":
-            dev = self.on(self.target, "null_blk", self.size_mb)["device"]
-        else:
-            dev = self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL,
-                          module=NVME_HOST)["device"]
-            if not dev:
-                raise FaultNotSupported("iser backing disk", f"{self.target} has no spare "
-                                        f"disk (a block device with serial "
-                                        f"{SPARE_DISK_SERIAL!r}; the VM lab gives every guest "
-                                        "one)")
+        dev = self.backing_device(self.backing, self.size_mb)
         try:
             self.on(self.target, "target_up", self.iqn, dev, self._address(), self.port)
         except WorkloadError as e:
@@ -144,16 +131,6 @@ class Iser(Workload):
         finally:
             self.remove_target()
 
-    def leftovers(self) -> dict:
-        """host -> what `rdma res` still shows of ib_isert (target) or ib_iser (initiator),
-        by kind (OWNERS); empty once both are torn down."""
-        held = {}
-        for host, side in ((self.target, "target"), (self.initiator, "initiator")):
-            got = self.on(host, "kernel_owned", OWNERS[side], module=HOST)["held"]
-            if got:
-                held[host] = got
-        return held
-
     def connections(self) -> set:
         """The initiator's iSER connections as `rdma res` numbers their cm_ids (cm-idn): one
         per connection until ib_iser releases it, which waits for its DISCONNECTED
@@ -173,31 +150,7 @@ class Iser(Workload):
     def state(self) -> str:
         return self.states()["session"]
 
-    def wait_state(self, state: str, timeout_s: float) -> float:
-        """Seconds until the session is in state; Hung past timeout_s."""
-        return self.wait_for(lambda: self.state() == state, timeout_s,
-                             f"{self.session or 'the iSCSI session'} on {self.initiator} "
-                             f"{state}")
+    def unit_name(self) -> str:
+        return self.session or "the iSCSI session"
 
     # -- I/O
-    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
-        """The durability ledger writes blocks of the disk from now on."""
-        self._ledger = self._last_ledger = self.on(
-            self.initiator, "start", self.kind, self.device, blocks, seed,
-            module=LEDGER)["ledger"]
-
-    def stop_io(self, deadline_s: float = 30.0) -> dict:
-        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
-        (a write still in the kernel after deadline_s, for blocked_ns)."""
-        ledger, self._ledger = self._ledger, None
-        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
-                       deadline_s=deadline_s + 30)
-
-    def verify(self) -> dict:
-        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
-        if self._last_ledger is None:
-            raise ValueError("iser verify: no I/O was started (start_io)")
-        if self._ledger is not None:
-            self.stop_io()
-        return self.on(self.initiator, "verify", self._last_ledger, self.device,
-                       module=LEDGER)

@@ -26,8 +26,8 @@ import time
 import uuid
 from typing import Optional
 
-from .host import (StepFailed, Watcher, answered, at_close, configfs, modprobe, read_attr, run,
-                   step, undone, write_attr)
+from .host import (StepFailed, Watcher, answered, at_close, configfs, ensure_dir, modprobe,
+                   read_attr, set_attr, step, undone, write_attr)
 
 WORKLOAD = "iser"
 HBA = "iblock_0"      # the iblock backstore's HBA (rtslib: one per storage object)
@@ -124,38 +124,10 @@ def initiator_name(hostname: str, boot_id: str) -> str:
 
 
 # -- the target
-def _mkdir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise StepFailed(f"mkdir {path}", e.errno or 0, e.strerror or "") from None
-
-
-def _set(path: str, value: str) -> None:
-    """Writes an attribute that does not hold value yet (a second export changes nothing)."""
-    if read_attr(path) != value:
-        write_attr(path, value)
-
-
-@answered
-def null_blk(lab, size_mb: int) -> dict:
-    """A memory-backed null_blk (configfs nullb "rdmalab", as NvmeOf's): its path."""
-    with step(lab, WORKLOAD, "null_blk", size_mb=size_mb):
-        run(["modprobe", "null_blk", "nr_devices=0"], 60.0, "modprobe null_blk")
-        root = os.path.join(configfs(), "nullb", "rdmalab")
-        _mkdir(root)
-        for attr, value in (("size", str(size_mb)), ("memory_backed", "1"),
-                            ("blocksize", "4096"), ("power", "1")):
-            _set(os.path.join(root, attr), value)
-        return {"device": f"/dev/nullb{read_attr(os.path.join(root, 'index'))}"}
-
-
 def _storage_object(p: dict, device: str, serial: str) -> None:
     """The iblock object on device, enabled, with its serial (rtslib's order)."""
-    _mkdir(p["hba"])
-    _mkdir(p["object"])
+    ensure_dir(p["hba"])
+    ensure_dir(p["object"])
     if read_attr(os.path.join(p["object"], "enable")) == "1":
         on = read_attr(os.path.join(p["object"], "udev_path"))
         if on != device:  # an enabled object's device cannot change
@@ -179,18 +151,18 @@ def target_up(lab, iqn: str, device: str, address: str, port: int) -> dict:
         serial = unit_serial(iqn)
         _storage_object(p, device, serial)
         for d in ("fabric", "wwn", "tpg", "lun"):
-            _mkdir(p[d])
+            ensure_dir(p[d])
         if not os.path.islink(p["lun_link"]):
             try:
                 os.symlink(p["object"], p["lun_link"])
             except OSError as e:
                 raise StepFailed(f"link {LUN} to {p['object']}", e.errno or 0,
                                  e.strerror or "") from None
-        _mkdir(p["np"])
-        _set(os.path.join(p["np"], "iser"), "1")  # ib_isert's listener: rdma_listen
+        ensure_dir(p["np"])
+        set_attr(os.path.join(p["np"], "iser"), "1")  # ib_isert's listener: rdma_listen
         for attr, value in TPG_ATTRIBS:
-            _set(os.path.join(p["attrib"], attr), value)
-        _set(os.path.join(p["tpg"], "enable"), "1")
+            set_attr(os.path.join(p["attrib"], attr), value)
+        set_attr(os.path.join(p["tpg"], "enable"), "1")
         at_close(lab, ("iser target", iqn), lambda: target_down(lab, iqn, address, port))
         return {"serial": serial, "portal": portal}
 

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import FaultNotSupported
 from ..machines.machine import SPARE_DISK_SERIAL
-from .base import HOST, Workload
+from .base import Workload
 from .ledger import BLOCK
 from .nfs_host import EXPORT_DIR
 
 MODULE = "rdmalab.workloads.nfs_host"
-LEDGER = "rdmalab.workloads.ledger"
 NFS_RDMA_PORT = 20049  # the IANA port of NFS over RDMA (RFC 8267)
 VERSIONS = ("3", "4", "4.0", "4.1", "4.2")
 # What `rdma res` names the owner of what NFS holds: the client (xprtrdma) and the server
@@ -66,6 +64,7 @@ def mount_options(vers: str, port: int, hard: bool, timeo: Optional[int],
 class Nfs(Workload):
     kind = "nfs"
     module = MODULE
+    owners = {"target": list(OWNERS), "initiator": list(OWNERS)}
 
     def __init__(self, lab, target: str = "a", initiator: str = "b", *, vers: str = "4.2",
                  port: int = NFS_RDMA_PORT, hard: bool = True, timeo: Optional[int] = 100,
@@ -89,8 +88,6 @@ class Nfs(Workload):
         self.options = mount_options(self.vers, port, hard, timeo, retrans)
         self.mount_point = ""
         self.file = ""
-        self._ledger: Optional[int] = None       # the ledger writing now
-        self._last_ledger: Optional[int] = None  # the one verify reads back
 
     def retry_bound_s(self) -> float:
         """The longest a hard mount waits between two tries of a call: timeo grows by timeo
@@ -109,10 +106,7 @@ class Nfs(Workload):
 
     def export(self) -> None:
         """Starts the server (again, after a reboot: what nfs-kernel-server's boot does)."""
-        if not self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL)["device"]:
-            raise FaultNotSupported("nfs", f"{self.target} has no spare disk (a block device "
-                                    f"with serial {SPARE_DISK_SERIAL!r}; the VM lab gives "
-                                    "every guest one) for the export")
+        self.spare_disk()  # the export's file system lives there
         self.on(self.target, "server_up", SPARE_DISK_SERIAL, self.port, self.fsid, self.grace_s,
                 deadline_s=600.0)  # mkfs of the spare disk the first time, on a TCG guest
 
@@ -140,46 +134,23 @@ class Nfs(Workload):
         finally:
             self.on(self.target, "server_down", self.port)
 
-    def leftovers(self) -> dict:
-        """host -> what `rdma res` still shows of the NFS client or server (rpcrdma), by kind;
-        empty once both are torn down."""
-        held = {}
-        for host in (self.target, self.initiator):
-            got = self.on(host, "kernel_owned", list(OWNERS), module=HOST)["held"]
-            if got:
-                held[host] = got
-        return held
-
     # -- state
     def state(self) -> str:
         """The mount's state as the initiator's watcher last saw it (nfs_host.MountWatcher):
         answering, not answering, error, or gone (not mounted)."""
         return self.on(self.initiator, "state", self.mount_point)["state"]
 
-    def wait_state(self, state: str, timeout_s: float) -> float:
-        """Seconds until the mount is in state; Hung past timeout_s."""
-        return self.wait_for(lambda: self.state() == state, timeout_s,
-                             f"the nfs mount on {self.initiator} {state}")
+    def unit_name(self) -> str:
+        return "the nfs mount"
+
+    # -- I/O: the ledger writes a file on the mount
+    def io_path(self, blocks: int) -> str:
+        """A file of blocks on the mount, made for the ledger (O_DIRECT | O_DSYNC: a write
+        that returned was a stable write or was committed, RFC 1813 3.3.7)."""
+        self.file = self.on(self.initiator, "ledger_file", "ledger", blocks, BLOCK)["path"]
+        return self.file
+
+    def verify_path(self) -> str:
+        return self.file
 
     # -- I/O
-    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
-        """The durability ledger writes blocks of a file on the mount from now on (O_DIRECT |
-        O_DSYNC: a write that returned was a stable write or was committed, RFC 1813 3.3.7)."""
-        self.file = self.on(self.initiator, "ledger_file", "ledger", blocks, BLOCK)["path"]
-        self._ledger = self._last_ledger = self.on(
-            self.initiator, "start", self.kind, self.file, blocks, seed, module=LEDGER)["ledger"]
-
-    def stop_io(self, deadline_s: float = 30.0) -> dict:
-        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
-        (a write still in the kernel after deadline_s, for blocked_ns)."""
-        ledger, self._ledger = self._ledger, None
-        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
-                       deadline_s=deadline_s + 30)
-
-    def verify(self) -> dict:
-        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
-        if self._last_ledger is None:
-            raise ValueError("nfs verify: no I/O was started (start_io)")
-        if self._ledger is not None:
-            self.stop_io()
-        return self.on(self.initiator, "verify", self._last_ledger, self.file, module=LEDGER)

@@ -21,7 +21,7 @@ from typing import Optional
 from . import records
 from .host import (StepFailed, Watcher, answered, at_close, host_name, modprobe, read_attr, run,
                    step, undone, write_attr)
-from .nvme_host import disk_by_serial
+from .host import disk_by_serial
 
 WORKLOAD = "nfs"
 DISK_DIR = "/srv/rdmalab-nfs"            # the spare disk's filesystem on the server

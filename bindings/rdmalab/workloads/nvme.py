@@ -18,17 +18,17 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import FaultNotSupported
-from ..machines.machine import SPARE_DISK_SERIAL
-from .base import HOST, Workload
+from .base import Workload
 
 MODULE = "rdmalab.workloads.nvme_host"
 NVMF_PORT = 4420  # the IANA port of NVMe over Fabrics (RDMA/CM's service id)
-LEDGER = "rdmalab.workloads.ledger"
 
 
 class NvmeOf(Workload):
     kind = "nvme"
     module = MODULE
+    # A QP made through rdma_create_qp is the rdma_cm's in `rdma res`, not the ULP's.
+    owners = {"target": ["nvmet_rdma", "rdma_cm"], "initiator": ["nvme_rdma", "rdma_cm"]}
 
     def __init__(self, lab, target: str = "a", initiator: str = "b", *,
                  nqn: str = "nqn.2026-11.io.rdmalab:nvme", port: int = NVMF_PORT,
@@ -49,8 +49,6 @@ class NvmeOf(Workload):
         self.timeouts = {"keep_alive_tmo": keep_alive_tmo, "reconnect_delay": reconnect_delay,
                          "ctrl_loss_tmo": ctrl_loss_tmo, "fast_io_fail_tmo": fast_io_fail_tmo}
         self.ctrl = self.device = ""
-        self._ledger: Optional[int] = None       # the ledger writing now
-        self._last_ledger: Optional[int] = None  # the one verify reads back
 
     # -- set up and tear down
     def setup(self, deadline_s: float = 120.0) -> None:
@@ -60,15 +58,7 @@ class NvmeOf(Workload):
         self.connect(deadline_s)
 
     def export(self) -> None:
-        if self.backing == "null_blk":
-            dev = self.on(self.target, "null_blk", self.size_mb)["device"]
-        else:
-            dev = self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL)["device"]
-            if not dev:
-                raise FaultNotSupported("nvme backing disk", f"{self.target} has no spare "
-                                        f"disk (a block device with serial "
-                                        f"{SPARE_DISK_SERIAL!r}; the VM lab gives every guest "
-                                        "one)")
+        dev = self.backing_device(self.backing, self.size_mb)
         self.on(self.target, "target_up", self.nqn, dev, self.lab.address_of(self.target),
                 self.port)
 
@@ -94,49 +84,13 @@ class NvmeOf(Workload):
         finally:
             self.on(self.target, "target_down", self.nqn)
 
-    def leftovers(self) -> dict:
-        """host -> what `rdma res` still shows of nvmet-rdma (target) or nvme-rdma
-        (initiator) and of the kernel's rdma_cm there, by kind; empty once both are torn
-        down."""
-        held = {}
-        # A QP made through rdma_create_qp is the rdma_cm's in `rdma res`, not the ULP's.
-        for host, owner in ((self.target, "nvmet_rdma"), (self.initiator, "nvme_rdma")):
-            got = self.on(host, "kernel_owned", [owner, "rdma_cm"], module=HOST)["held"]
-            if got:
-                held[host] = got
-        return held
-
     # -- state
     def state(self) -> str:
         """The initiator's controller state as the kernel says it now (live, connecting,
         resetting, deleting, ...; "gone" when the controller is deleted)."""
         return self.on(self.initiator, "state", self.ctrl)["state"]
 
-    def wait_state(self, state: str, timeout_s: float) -> float:
-        """Seconds until the controller is in state; Hung past timeout_s."""
-        return self.wait_for(lambda: self.state() == state, timeout_s,
-                             f"{self.ctrl or 'the nvme controller'} on {self.initiator} "
-                             f"{state}")
+    def unit_name(self) -> str:
+        return self.ctrl or "the nvme controller"
 
     # -- I/O
-    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
-        """The durability ledger writes blocks of the namespace from now on."""
-        self._ledger = self._last_ledger = self.on(
-            self.initiator, "start", self.kind, self.device, blocks, seed,
-            module=LEDGER)["ledger"]
-
-    def stop_io(self, deadline_s: float = 30.0) -> dict:
-        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
-        (a write still in the kernel after deadline_s, for blocked_ns)."""
-        ledger, self._ledger = self._ledger, None
-        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
-                       deadline_s=deadline_s + 30)
-
-    def verify(self) -> dict:
-        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
-        if self._last_ledger is None:
-            raise ValueError("nvme verify: no I/O was started (start_io)")
-        if self._ledger is not None:
-            self.stop_io()
-        return self.on(self.initiator, "verify", self._last_ledger, self.device,
-                       module=LEDGER)

@@ -15,8 +15,8 @@ import os
 import time
 import uuid
 
-from .host import (StepFailed, Watcher, answered, at_close, configfs, modprobe, read_attr, run,
-                   step, undone, write_attr)
+from .host import (StepFailed, Watcher, answered, at_close, configfs, ensure_dir, modprobe,
+                   read_attr, run, set_attr, step, undone, write_attr)
 
 WORKLOAD = "nvme"
 PORT_ID = "1"  # the configfs port's name; the scenario's trsvcid is its address
@@ -26,46 +26,6 @@ CLEANUP_S = 30.0  # a disconnect left to the lab's close (the scenario failed be
 
 def _nvmet() -> str:
     return os.path.join(configfs(), "nvmet")
-
-
-def _mkdir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise StepFailed(f"mkdir {path}", e.errno or 0, e.strerror or "") from None
-
-
-@answered
-def null_blk(lab, size_mb: int) -> dict:
-    """A memory-backed null_blk device (configfs nullb): a RAM disk that keeps what is written
-    while its host is up. Its path."""
-    with step(lab, WORKLOAD, "null_blk", size_mb=size_mb):
-        # nr_devices=0: no nullb0 of the module's own; ours is made through configfs.
-        run(["modprobe", "null_blk", "nr_devices=0"], 60.0, "modprobe null_blk")
-        root = os.path.join(configfs(), "nullb", "rdmalab")
-        _mkdir(root)
-        for attr, value in (("size", str(size_mb)), ("memory_backed", "1"),
-                            ("blocksize", "4096"), ("power", "1")):
-            if read_attr(os.path.join(root, attr)) != value:
-                write_attr(os.path.join(root, attr), value)
-        name = read_attr(os.path.join(root, "index"))
-        return {"device": f"/dev/nullb{name}"}
-
-
-@answered
-def disk_by_serial(lab, serial: str) -> dict:
-    """The disk whose serial is this (the VM lab's spare disk, kept across reboots; its
-    virtio driver loaded first: no udev loads it in a guest)."""
-    try:
-        modprobe("virtio_blk")
-    except StepFailed:
-        pass  # not a virtio machine: its disks have their drivers
-    for path in glob.glob("/sys/block/*/serial"):
-        if read_attr(path) == serial:
-            return {"device": "/dev/" + path.split("/")[3]}
-    return {"device": ""}
 
 
 def stable_ids(nqn: str) -> dict:
@@ -88,24 +48,22 @@ def target_up(lab, nqn: str, device: str, address: str, port: int) -> dict:
         modprobe("nvmet", "nvmet-rdma")
         root = _nvmet()
         sub = os.path.join(root, "subsystems", nqn)
-        _mkdir(sub)
+        ensure_dir(sub)
         write_attr(os.path.join(sub, "attr_allow_any_host"), "1")
         ids = stable_ids(nqn)
-        if read_attr(os.path.join(sub, "attr_serial")) != ids["serial"]:
-            write_attr(os.path.join(sub, "attr_serial"), ids["serial"])
+        set_attr(os.path.join(sub, "attr_serial"), ids["serial"])
         ns = os.path.join(sub, "namespaces", "1")
-        _mkdir(ns)
+        ensure_dir(ns)
         if read_attr(os.path.join(ns, "enable")) != "1":
             write_attr(os.path.join(ns, "device_path"), device)
             write_attr(os.path.join(ns, "device_uuid"), ids["uuid"])
             write_attr(os.path.join(ns, "device_nguid"), ids["nguid"])
             write_attr(os.path.join(ns, "enable"), "1")
         p = os.path.join(root, "ports", PORT_ID)
-        _mkdir(p)
+        ensure_dir(p)
         for attr, value in (("addr_trtype", "rdma"), ("addr_adrfam", "ipv4"),
                             ("addr_traddr", address), ("addr_trsvcid", str(port))):
-            if read_attr(os.path.join(p, attr)) != value:
-                write_attr(os.path.join(p, attr), value)
+            set_attr(os.path.join(p, attr), value)
         link = os.path.join(p, "subsystems", nqn)
         if not os.path.islink(link):
             try:

@@ -28,13 +28,10 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from ..errors import FaultNotSupported
-from ..machines.machine import SPARE_DISK_SERIAL
-from .base import HOST, STEP_DEADLINE_S, Workload
+from .base import STEP_DEADLINE_S, Workload
 from .srp_host import SCSI_DEVICE_BLOCK_MAX_TIMEOUT, initiator_port_id, login_string
 
 MODULE = "rdmalab.workloads.srp_host"
-NVME_HOST = "rdmalab.workloads.nvme_host"  # disk_by_serial: the spare disk, found by serial
-LEDGER = "rdmalab.workloads.ledger"
 # ib_srpt's RDMA/CM port: SRP has no IANA port; blktests' srp_rdma_cm_port.
 SRP_RDMA_CM_PORT = 5555
 # ib_srp's defaults (ib_srp.c: srp_reconnect_delay, srp_fast_io_fail_tmo, srp_dev_loss_tmo).
@@ -82,6 +79,7 @@ def check_timeouts(timeouts: dict) -> None:
 
 class Srp(Workload):
     kind = "srp"
+    owners = OWNERS
     module = MODULE
 
     def __init__(self, lab, target: str = "a", initiator: str = "b", *,
@@ -112,8 +110,6 @@ class Srp(Workload):
                                     "srp_new_rdma_cm_id), where the hosts' addresses are not")
         self.name, self.port = name, port
         self.guid = self.rport = self.disk = self.device = ""
-        self._ledger: Optional[int] = None       # the ledger writing now
-        self._last_ledger: Optional[int] = None  # the one verify reads back
 
     # -- set up and tear down
     def setup(self, deadline_s: float = 120.0) -> None:
@@ -126,12 +122,7 @@ class Srp(Workload):
         return self.on(host, "port_of", self.lab.address_of(host))
 
     def export(self) -> None:
-        dev = self.on(self.target, "disk_by_serial", SPARE_DISK_SERIAL,
-                      module=NVME_HOST)["device"]
-        if not dev:
-            raise FaultNotSupported("srp backing disk", f"{self.target} has no spare disk (a "
-                                    f"block device with serial {SPARE_DISK_SERIAL!r}; the VM "
-                                    "lab gives every guest one)")
+        dev = self.spare_disk()
         got = self.on(self.target, "target_up", self.name, dev,
                       self._port_of(self.target)["gid"], self.port,
                       self._port_of(self.initiator)["gid"])
@@ -176,16 +167,6 @@ class Srp(Workload):
         finally:
             self.remove_target()
 
-    def leftovers(self) -> dict:
-        """host -> what `rdma res` still shows of ib_srpt (target) or ib_srp (initiator), by
-        kind (OWNERS); empty once both are torn down."""
-        held = {}
-        for host, side in ((self.target, "target"), (self.initiator, "initiator")):
-            got = self.on(host, "kernel_owned", OWNERS[side], module=HOST)["held"]
-            if got:
-                held[host] = got
-        return held
-
     # -- state
     def states(self) -> dict:
         """The remote port's state (running, blocked, fail-fast, lost; "gone" once deleted)
@@ -195,31 +176,7 @@ class Srp(Workload):
     def state(self) -> str:
         return self.states()["rport"]
 
-    def wait_state(self, state: str, timeout_s: float) -> float:
-        """Seconds until the remote port is in state; Hung past timeout_s."""
-        return self.wait_for(lambda: self.state() == state, timeout_s,
-                             f"{self.rport or 'the SRP remote port'} on {self.initiator} "
-                             f"{state}")
+    def unit_name(self) -> str:
+        return self.rport or "the SRP remote port"
 
     # -- I/O
-    def start_io(self, blocks: int = 1024, seed: int = 1) -> None:
-        """The durability ledger writes blocks of the disk from now on."""
-        self._ledger = self._last_ledger = self.on(
-            self.initiator, "start", self.kind, self.device, blocks, seed,
-            module=LEDGER)["ledger"]
-
-    def stop_io(self, deadline_s: float = 30.0) -> dict:
-        """Stops the ledger's writes: written (acknowledged), errors, first_error, and blocked
-        (a write still in the kernel after deadline_s, for blocked_ns)."""
-        ledger, self._ledger = self._ledger, None
-        return self.on(self.initiator, "stop", ledger, deadline_s, module=LEDGER,
-                       deadline_s=deadline_s + 30)
-
-    def verify(self) -> dict:
-        """Reads the ledger's blocks back: the io_verify record's fields (records.py)."""
-        if self._last_ledger is None:
-            raise ValueError("srp verify: no I/O was started (start_io)")
-        if self._ledger is not None:
-            self.stop_io()
-        return self.on(self.initiator, "verify", self._last_ledger, self.device,
-                       module=LEDGER)

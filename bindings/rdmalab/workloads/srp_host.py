@@ -25,8 +25,8 @@ import time
 import uuid
 from typing import Optional
 
-from .host import (StepFailed, Watcher, answered, at_close, configfs, modprobe, read_attr, run,
-                   step, undone, write_attr)
+from .host import (StepFailed, Watcher, answered, at_close, configfs, ensure_dir, modprobe,
+                   read_attr, run, set_attr, step, undone, write_attr)
 
 WORKLOAD = "srp"
 HBA = "iblock_1"       # iSER's object is iblock_0's (iser_host.HBA)
@@ -145,20 +145,6 @@ def port_of(lab, address: str) -> dict:
 
 
 # -- the target
-def _mkdir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise StepFailed(f"mkdir {path}", e.errno or 0, e.strerror or "") from None
-
-
-def _set(path: str, value: str) -> None:
-    if read_attr(path) != value:
-        write_attr(path, value)
-
-
 def _link(src: str, link: str) -> None:
     if not os.path.islink(link):
         try:
@@ -168,8 +154,8 @@ def _link(src: str, link: str) -> None:
 
 
 def _storage_object(p: dict, device: str, serial: str) -> None:
-    _mkdir(p["hba"])
-    _mkdir(p["object"])
+    ensure_dir(p["hba"])
+    ensure_dir(p["object"])
     if read_attr(os.path.join(p["object"], "enable")) != "1":
         write_attr(os.path.join(p["object"], "udev_path"), device)
         write_attr(os.path.join(p["object"], "control"), f"udev_path={device}")
@@ -189,15 +175,15 @@ def target_up(lab, name: str, device: str, gid: str, cm_port: int,
         modprobe("target_core_mod", "target_core_iblock", "ib_srpt")
         p = target_paths(os.path.join(configfs(), "target"), gid, acl)
         _storage_object(p, device, unit_serial(name))
-        _mkdir(p["fabric"])
-        _set(p["cm_port"], str(cm_port))  # srpt_rdma_cm_port_store: rdma_listen on any address
+        ensure_dir(p["fabric"])
+        set_attr(p["cm_port"], str(cm_port))  # srpt_rdma_cm_port_store: rdma_listen on any address
         for d in ("tport", "tpg", "lun"):
-            _mkdir(p[d])
+            ensure_dir(p[d])
         _link(p["object"], p["lun_link"])
-        _mkdir(p["acl"])
-        _mkdir(p["mapped"])
+        ensure_dir(p["acl"])
+        ensure_dir(p["mapped"])
         _link(p["lun"], p["mapped_link"])
-        _set(os.path.join(p["tpg"], "enable"), "1")
+        set_attr(os.path.join(p["tpg"], "enable"), "1")
         guid = read_attr("/sys/module/ib_srpt/parameters/srpt_service_guid") or ""
         at_close(lab, ("target", name), lambda: target_down(lab, name))
         return {"guid": guid, "tport": tport_name(gid)}
@@ -208,7 +194,7 @@ def _undo(path: str, how) -> None:
         return
     try:
         if isinstance(how, str):
-            _set(path, how)
+            set_attr(path, how)
         else:
             how(path)
     except OSError as e:
