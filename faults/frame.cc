@@ -360,9 +360,29 @@ class Parser {
       }
       m.local_comm_id = get32(b_, off + 24);
       if (has_remote) m.remote_comm_id = get32(b_, off + 28);
+      cm_fields(m, off + kMadHeaderLen, end);
     }
     f_.mad = m;
     return true;
+  }
+
+  // The fields of a CM message (at off, after the MAD header) that tell connections apart:
+  // IBTA vol. 1 12.6.5 REQ (Local QPN at byte 32), 12.6.8 REP (at 12), 12.6.7 REJ (Reason at
+  // 10), 12.6.10 DREQ (Remote QPN at 8); each read only when the frame holds it.
+  void cm_fields(Mad& m, size_t off, size_t end) {
+    auto qpn = [&](size_t at) -> std::optional<uint32_t> {
+      if (!fits(end, off + at, 4)) return std::nullopt;
+      return (get32(b_, off + at) >> 8) & 0xFFFFFFu;
+    };
+    switch (m.attr_id) {
+      case 0x10: m.local_qpn = qpn(32); break;
+      case 0x13: m.local_qpn = qpn(12); break;
+      case 0x15: m.remote_qpn = qpn(8); break;
+      case 0x12:
+        if (fits(end, off + 10, 2)) m.rej_reason = get16(b_, off + 10);
+        break;
+      default: break;
+    }
   }
 
   bool tcp(size_t off) {

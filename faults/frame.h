@@ -123,6 +123,10 @@ struct Mad {
   uint32_t attr_mod = 0;
   std::optional<uint32_t> local_comm_id;
   std::optional<uint32_t> remote_comm_id;
+  // The QPN the message names (IBTA ch. 12.6): REQ's and REP's Local QPN (the sender's),
+  // DREQ's Remote QPN (the receiver's). Stale connections (12.4.1) are told by QPN.
+  std::optional<uint32_t> local_qpn, remote_qpn;
+  std::optional<uint16_t> rej_reason;  // REJ's Reason (table 112: 8 invalid service ID, 10 stale)
 };
 
 // RFC 5044 7.1 (MPA v2 is RFC 6581): 16-byte key, flags (M, C, R, enhanced), revision,

@@ -88,6 +88,30 @@ TEST(FrameParse, CmReqHasNoRemoteCommId) {
   EXPECT_FALSE(f.mad->remote_comm_id);
 }
 
+// The QPNs and the REJ reason at their IBTA offsets in the CM message (after the MAD header).
+static Frame8 with_cm_field(Frame8 b, size_t at, std::initializer_list<uint8_t> bytes) {
+  const Frame f = parse(b);
+  size_t i = f.mad->off + 24 + at;
+  for (uint8_t v : bytes) b[i++] = v;
+  return b;
+}
+
+TEST(FrameParse, CmReqRepDreqQpnsAndRejReason) {
+  const Frame req = parse(with_cm_field(cm_mad(0x10, 1, 0), 32, {0x00, 0x00, 0x11, 0x7F}));
+  EXPECT_EQ(req.mad->local_qpn, 0x11u);  // the low byte is the Responder Resources field's
+  const Frame rep = parse(with_cm_field(cm_mad(0x13, 2, 1), 12, {0x01, 0x02, 0x03, 0xFF}));
+  EXPECT_EQ(rep.mad->local_qpn, 0x010203u);
+  EXPECT_FALSE(rep.mad->remote_qpn);
+  const Frame dreq = parse(with_cm_field(cm_mad(0x15, 1, 2), 8, {0x00, 0x00, 0x12, 0x00}));
+  EXPECT_EQ(dreq.mad->remote_qpn, 0x12u);
+  const Frame rej = parse(with_cm_field(cm_mad(0x12, 0, 1), 10, {0x00, 0x0A}));
+  EXPECT_EQ(rej.mad->rej_reason, 10);  // stale connection
+  EXPECT_FALSE(parse(cm_drep()).mad->rej_reason);
+  const nlohmann::json j = summary(rej);
+  EXPECT_EQ(j["rej_reason"], 10);
+  EXPECT_EQ(summary(req)["local_qpn"], 0x11);
+}
+
 TEST(FrameParse, AcknowledgeWithRnrNak) {
   const Frame8 b = rnr_nak();
   const Frame f = parse(b);

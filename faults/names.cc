@@ -165,6 +165,9 @@ nlohmann::json summary(const Frame& f) {
       if (const char* cm = cm_attr_name(f.mad->attr_id)) j["cm"] = cm;
     if (f.mad->local_comm_id) j["local_comm_id"] = *f.mad->local_comm_id;
     if (f.mad->remote_comm_id) j["remote_comm_id"] = *f.mad->remote_comm_id;
+    if (f.mad->local_qpn) j["local_qpn"] = *f.mad->local_qpn;
+    if (f.mad->remote_qpn) j["remote_qpn"] = *f.mad->remote_qpn;
+    if (f.mad->rej_reason) j["rej_reason"] = *f.mad->rej_reason;
   }
   if (f.tcp) {
     j["proto"] = "tcp";
