@@ -16,7 +16,7 @@ import pytest
 
 from rdmalab import FaultNotSupported, sec
 from rdmalab.checkers.workloads import KINDS
-from rdmalab.workloads import Iser, Nfs, NvmeOf
+from rdmalab.workloads import Iser, Nfs, NvmeOf, Srp
 
 RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
 TEARDOWN_S = 60.0
@@ -30,7 +30,22 @@ WORKLOADS = {"nvme": (NvmeOf, dict(TIMEOUTS, backing="disk")),
              "iser": (Iser, dict(backing="disk", replacement_timeout=600, noop_out_interval=5,
                                  noop_out_timeout=5)),
              # a hard mount: I/O waits; NFSv3 (NFSv4 adds the server's grace period)
-             "nfs": (Nfs, dict(vers="3", hard=True, timeo=100, retrans=2))}
+             "nfs": (Nfs, dict(vers="3", hard=True, timeo=100, retrans=2)),
+             # tests/ulp/test_srp.py's: the SCSI command timeout past any outage, so that the
+             # error handler's host reset finds the target back (rdmalab.workloads.srp)
+             "srp": (Srp, dict(backing="disk", reconnect_delay=2, fast_io_fail_tmo=300,
+                               dev_loss_tmo=600, scsi_timeout=75))}
+SRP_ABORT_S = 5.0  # ib_srp.c SRP_ABORT_TIMEOUT_MS: the abort's, then the LUN reset's, wait
+
+
+def notice_s(options: dict) -> float:
+    """How long after the heal the initiator may still take to notice that its connection is
+    dead: SRP has no keep-alive, so a command outliving scsi_timeout, then the error handler's
+    abort and LUN reset (test_srp.py); the others notice within RECONNECT_S (keep-alive, NOP-Out,
+    the RPC's retransmits)."""
+    if "scsi_timeout" not in options:
+        return 0.0
+    return options["scsi_timeout"] + 2 * SRP_ABORT_S
 
 
 def iwarp(lab, host) -> bool:
@@ -160,7 +175,8 @@ def test_ulp_campaign(lab, workload, campaign):
     w = cls(lab, target="a", initiator="b", **options)
     working = KINDS[workload].live  # the unit's working state (live, LOGGED_IN)
     w.export()
-    bound = RECONNECT_S + options.get("reconnect_delay", 0) + lab.tolerance_ns / 1e9
+    bound = (RECONNECT_S + options.get("reconnect_delay", 0) + notice_s(options)
+             + lab.tolerance_ns / 1e9)
     if campaign.moment == "connect":  # recovery: how long the connect took with the rule
         recovery_s = with_rule(lab, rule, w.connect)
         fault_s = 0.0
