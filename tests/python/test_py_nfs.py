@@ -84,6 +84,22 @@ def test_setup_exports_then_mounts_and_waits_for_answers():
     assert state == ("b", HOST, "state", ("/mnt/rdmalab-nfs",))
 
 
+def test_teardown_unmounts_stops_the_server_and_lets_its_disk_go():
+    """The disk is released last: another workload of the session may take it next (LIO's
+    iblock opens it exclusively, EBUSY while the server's filesystem is mounted)."""
+    lab = UlpLab(answers={"disk_by_serial": {"device": "/dev/vdb"}, "server_up": {},
+                          "mount": {"mount_point": "/mnt/rdmalab-nfs"},
+                          "state": {"state": "answering"}, "umount": {}, "server_down": {},
+                          "release_disk": {}})
+    nfs = Nfs(lab)
+    nfs.wait_for = lambda pred, timeout_s, what: pred() or pytest.fail(what)
+    nfs.setup()
+    del lab.calls[:]
+    nfs.teardown()
+    assert [(c[0], c[2]) for c in lab.calls] == [("b", "umount"), ("a", "server_down"),
+                                                 ("a", "release_disk")]
+
+
 def test_nfsv4_mounts_the_pseudo_root_and_v3_the_exports_path():
     """A VM lab guest's "/" is an overlayfs, which nfsd cannot build NFSv4's pseudo-root
     from: by default v4's export is the root itself (fsid=0)."""

@@ -37,7 +37,8 @@ CONNECT_BUDGET_S = 60
 # A teardown (nvme disconnect, an iSCSI logout, the target's configfs removal), also with the
 # peer gone: the drain and the CM's DREQ timeout stay well under it.
 TEARDOWN_S = 60
-TEARDOWN_STEPS = frozenset({"disconnect", "logout", "target_down", "umount", "server_down"})
+TEARDOWN_STEPS = frozenset({"disconnect", "logout", "target_down", "umount", "server_down",
+                            "release_disk"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -124,7 +124,8 @@ class Nfs(Workload):
         return self.on(self.target, "server_down", self.port)["took_s"]
 
     def teardown(self, deadline_s: float = 120.0) -> None:
-        """Unmounts (within deadline_s, else WorkloadError) and stops the server."""
+        """Unmounts (within deadline_s, else WorkloadError), stops the server and lets its
+        disk go (another workload may take it next)."""
         if self._ledger is not None:
             self.stop_io()
         try:
@@ -133,6 +134,7 @@ class Nfs(Workload):
                 self.mount_point = ""
         finally:
             self.on(self.target, "server_down", self.port)
+            self.on(self.target, "release_disk")
 
     # -- state
     def state(self) -> str:

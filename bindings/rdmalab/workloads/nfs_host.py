@@ -131,7 +131,7 @@ def server_up(lab, serial: str, port: int, fsid: int, grace_s: Optional[int]) ->
             except OSError as e:
                 raise StepFailed(f"rdma {port} > portlist", e.errno or 0,
                                  e.strerror or "") from None
-        at_close(lab, ("server", port), lambda: server_down(lab, port))
+        at_close(lab, ("server", port), lambda: (server_down(lab, port), release_disk(lab)))
         return {"device": device, "export": EXPORT_DIR}
 
 
@@ -147,6 +147,27 @@ def server_down(lab, port: int) -> dict:
             run(["rpc.nfsd", "0"], 120.0, "rpc.nfsd 0")
         undone(lab, ("server", port))
         return {"took_s": time.monotonic() - t0}
+
+
+@answered
+def release_disk(lab) -> dict:
+    """The server's storage let go once nfsd is stopped (server_down): rpc.mountd, which
+    keeps /var/lib/nfs's files, stopped and the spare disk unmounted, so that another workload
+    of the session can take the disk (LIO's iblock opens it exclusively: EBUSY while it is
+    mounted). server_up mounts it again."""
+    with step(lab, WORKLOAD, "release_disk", disk_dir=DISK_DIR):
+        if _running("rpc.mountd"):
+            run(["pkill", "-x", "rpc.mountd"], 30.0, "pkill rpc.mountd")
+            end = time.monotonic() + 10.0
+            while _running("rpc.mountd"):
+                if time.monotonic() > end:
+                    raise StepFailed("release_disk", 0, "rpc.mountd still runs 10 s after "
+                                     "SIGTERM")
+                time.sleep(0.1)
+        for path in ("/var/lib/nfs", DISK_DIR):
+            while mounted(path) is not None:  # a bind mount may sit on another
+                run(["umount", path], 60.0, f"umount {path}")
+        return {}
 
 
 class MountWatcher(Watcher):
