@@ -267,7 +267,15 @@ def test_plugin_refuses_the_old_form_and_unknown_ids(pytester):
 def test_since_and_fixed_bound_the_kernels_an_entry_applies_to():
     """kernels.since / kernels.fixed: the entry applies on [since, fixed) only."""
     from rdmalab.findings import registry as findings
-    e = findings.default().get("rxe-local-send-error-kills-qp1")
+    e = findings.parse('''["since-bound"]
+kind = "provider-fact"
+provider = "rxe"
+summary = "came in with 6.12"
+kernels = { reproduces = ["7.2.13"], checked = ["7.2.13 source"], since = "v6.12: a change" }
+reproducer = "pytest tests/scenarios/test_cm.py::test_lost_rtu_is_recovered --lab vm:rxe"
+evidence = "the history"
+scenario = "tests/scenarios/test_cm.py::test_lost_rtu_is_recovered"
+''').get("since-bound")
     assert e.since_in == (6, 12) and e.fixed_in is None
     assert not e.applies_to("rxe", "6.1.0-56-amd64")
     assert e.applies_to("rxe", "6.12.117+deb13-amd64") and e.applies_to("rxe", "7.2.13+deb14-amd64")

@@ -388,6 +388,37 @@ def test_rep_refused_by_the_senders_stack_costs_that_rep_only(lab):
 
 
 @pytest.mark.requires(transport=IB_FAMILY)
+@pytest.mark.finding("rxe-local-send-error-kills-qp1")
+def test_mad_sent_while_the_port_is_down_costs_that_mad_only(lab):
+    """A CM message b sends while its port is down (b disconnects: its DREQ cannot leave, the
+    route lookup fails with the link down) costs that message only, by ib_mad's contract for
+    QP1 (drivers/infiniband/core/mad.c, mad_error_handler): "Send errors will transition the
+    QP to SQE - move QP to RTS and repost flushed work requests". Once b's port is up again a
+    new connection to b is made. Where the provider moves QP1 to ERR instead (rxe: the route
+    lookup's failure, "Host not reachable" in rxe_prepare, is a local send error), b's CM
+    hears nothing more until the device is re-added: the kernel ULPs' port-down campaigns on
+    vm:rxe (make test-ulp) found it so."""
+    timing = IbCmTiming.for_caps(lab.host("a").caps())
+    pair = CmPair(lab)
+    lab.faults.port_down("b")
+    try:
+        pair.server.conn.disconnect()  # the DREQ: a QP1 send with b's link down
+        lab.sleep(ms(500))
+    finally:
+        lab.faults.port_up("b")
+    second, error = None, None
+    try:
+        second = CmPair(lab, port=7473, timeout_ns=3 * timing.passive_timeout_ns,
+                        process_server="cm-server-2", process_client="cm-client-2")
+    except Exception as e:  # noqa: BLE001: reported below, after b is made fresh
+        error = e
+        lab.faults.reboot("b", 0)  # b's CM may be deaf now: the next scenario gets it fresh
+    assert error is None, (f"no connection to b after its port came back (its DREQ was sent "
+                           f"while the port was down): {error}")
+    assert second.client.conn.wait("ESTABLISHED", ms(10))
+
+
+@pytest.mark.requires(transport=IB_FAMILY)
 def test_lost_rtu_is_recovered(lab):
     """The passive side stays in REP_SENT and retransmits REP; the active side answers the
     duplicate REP with another RTU (cm_dup_rep_handler)."""
