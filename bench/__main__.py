@@ -11,7 +11,7 @@ import traceback
 from .report import Figure, table, write_json
 
 # Each section is a module bench/<name>.py with run(args) -> list[Figure].
-SECTIONS = ["traffic", "model", "labs", "switch", "swarm"]
+SECTIONS = ["traffic", "model", "labs", "switch", "swarm", "ulp"]
 
 
 def main(argv=None) -> int:
