@@ -9,7 +9,7 @@ import pytest
 from rdmalab.labs import agent as agentlab
 from rdmalab.machines import hostcheck, inventory
 from rdmalab.machines.inventory.fleet import inventory_fleet
-from rdmalab.machines.machine import MachineError
+from rdmalab.machines.machine import MachineError, Result
 
 HELD: set[str] = set()
 
@@ -158,3 +158,28 @@ def test_a_neighbour_that_never_resolves_is_a_hung_warm_up_not_a_cleared_mark():
     with pytest.raises(agentlab.Hung, match="vm1 cannot resolve 10.0.0.2"):
         pool.warm_data_path(deadline_s=0.0)
     assert pool.neighbours_unsure
+
+
+def test_a_device_that_cannot_be_deleted_makes_fresh_hosts_reboot_the_host():
+    """fresh_hosts' `rdma link delete` failing (a kernel ULP holding the device: ib_srp's
+    removal waiting for I/O an earlier fault left hanging) is not the scenario's failure: the
+    host is rebooted instead, and a device_readd_failed record says why."""
+    class Machine:
+        name = "vm2"
+        facts = type("Facts", (), {"device": "rxe0"})()
+
+        def run(self, cmd: str, timeout: float, root: bool = False):
+            assert cmd == "rdma link delete rxe0"
+            return Result(rc=-9, out="", err="", timed_out=True, elapsed_s=timeout)
+
+    lab = agentlab.AgentLab.__new__(agentlab.AgentLab)  # no agents: only the re-add
+    lab._machines = {"b": Machine()}
+    records, rebooted = [], []
+    lab.free_devices = lambda *names: None
+    lab.record = lambda kind, **data: records.append((kind, data))
+    lab.reboot_host = lambda name, down_ns: rebooted.append((name, down_ns))
+    lab._readd_device("b")
+    assert rebooted == [("b", 0)]
+    assert records == [("device_readd_failed", {"object": "host", "host": "b", "machine": "vm2",
+                                                "device": "rxe0", "rc": -9, "timed_out": True,
+                                                "err": ""})]

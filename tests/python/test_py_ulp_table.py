@@ -77,3 +77,13 @@ def test_the_readme_block_is_rewritten_and_a_missing_one_named(tmp_path):
     readme.write_text("no block\n")
     with pytest.raises(BadInput, match="no <!-- ulp:begin -->"):
         ulp.main(["--table-only", "--out", str(tmp_path / "out"), "--readme", str(readme)])
+
+
+@pytest.mark.parametrize("scenario, row", [
+    ("tests/ulp/test_ulp.py::test_ulp_campaign[partition 10 s-nfs]", ("partition 10 s", "nfs")),
+    ("tests/ulp/test_seeds.py::test_nvme_target_torn_down_with_io_in_flight",
+     ("target torn down with io in flight", "nvme")),
+    ("tests/ulp/test_nfs.py::test_nfs_server_reboot_hard_mount[4.2]",
+     ("server reboot hard mount (4.2)", "nfs"))])
+def test_a_row_is_its_campaign_or_seed_scenario_and_workload(scenario, row):
+    assert ulp._row(scenario) == row

@@ -78,13 +78,15 @@ def cell(r: report.Result, data: dict) -> str:
 
 def _row(scenario: str) -> tuple[str, str]:
     """(campaign, workload) of a test: test_ulp_campaign[<campaign>-<workload>], or a seed
-    scenario, test_<workload>_<what> (test_nvme_target_torn_down_with_io_in_flight)."""
-    if "[" in scenario:
-        campaign, _, workload = scenario.split("[", 1)[1].rstrip("]").rpartition("-")
+    scenario, test_<workload>_<what>[<params>] (test_nvme_target_torn_down_with_io_in_flight,
+    test_nfs_server_reboot_hard_mount[3]: "server reboot hard mount (3)")."""
+    name, _, params = scenario.rpartition("::")[2].partition("[")
+    params = params.rstrip("]")
+    if name == "test_ulp_campaign":
+        campaign, _, workload = params.rpartition("-")
         return campaign, workload
-    name = scenario.rpartition("::")[2].removeprefix("test_")
-    workload, _, what = name.partition("_")
-    return what.replace("_", " "), workload
+    workload, _, what = name.removeprefix("test_").partition("_")
+    return what.replace("_", " ") + (f" ({params})" if params else ""), workload
 
 
 def markdown(out: Path) -> str:

@@ -227,7 +227,8 @@ class AgentLab:
         first QPN again (rxe counts QPNs from 17 per device). A soft device (rxe, siw) is
         deleted and added again, with no process holding it (free_devices): its QPN pool is
         the device's, so that is a boot as far as QPNs go, in seconds where a TCG guest's
-        reboot takes ~30 s. Any other device: the host is rebooted."""
+        reboot takes ~30 s. Any other device, or a soft one `rdma link delete` cannot remove
+        (a ULP still holding it): the host is rebooted (a `device_readd_failed` record)."""
         self._check_hosts(names)
         for name in names:
             m = self._machines[name]
@@ -242,7 +243,14 @@ class AgentLab:
         m = self._machines[name]
         dev, t0 = m.facts.device, time.monotonic()
         self.free_devices(name)
-        m.run(f"rdma link delete {dev}", 30, root=True).check(f"{name}: rdma link delete {dev}")
+        r = m.run(f"rdma link delete {dev}", 30, root=True)
+        if r.rc != 0 or r.timed_out:
+            # A kernel client that cannot let the device go (ib_srp's removal waits for I/O
+            # that an earlier campaign's fault left hanging): a boot makes it new instead.
+            self.record("device_readd_failed", object="host", host=name, machine=m.name,
+                        device=dev, rc=r.rc, timed_out=r.timed_out, err=r.err[-300:])
+            self.reboot_host(name, 0)
+            return
         AgentFaults._link_add(name, m, dev)
         AgentFaults._wait_usable(name, m)
         self.pool.used[m.name] = 1  # this lab, on a device as new as after a boot
