@@ -57,6 +57,8 @@ def test_srp_on_namespaces_of_one_kernel_is_refused_with_the_reason():
     (dict(fast_io_fail_tmo=601, dev_loss_tmo="off"), "at most 600 s"),
     (dict(reconnect_delay="off", fast_io_fail_tmo="off", dev_loss_tmo="off"), "all off"),
     (dict(scsi_timeout=0), "scsi_timeout=0"),
+    (dict(tl_retry_count=1), "tl_retry_count=1"),
+    (dict(tl_retry_count=8), "tl_retry_count=8"),
     (dict(target="a", initiator="a"), "both 'a'"),
 ])
 def test_bad_srp_arguments_are_named(kw, match):
@@ -95,6 +97,8 @@ def test_the_login_string_holds_what_ib_srp_needs_over_rdma_cm():
                  "initiator_ext=525400abcdef0000,dest=10.0.0.1:5555,src=10.0.0.2")
     assert "dest=[fd00::1]:5555" in srp_host.login_string(GUID, "fd00::1", 5555, "0")
     assert "src=" not in srp_host.login_string(GUID, "10.0.0.1", 5555, "0")
+    assert srp_host.login_string(GUID, "10.0.0.1", 5555, "0", tl_retry_count=6).endswith(
+        ",tl_retry_count=6")
     with pytest.raises(ValueError, match="64-bit GUID"):
         srp_host.login_string("0x" + "f" * 17, "10.0.0.1", 5555, "0")
 

@@ -80,3 +80,44 @@ def test_srp_target_reboot_recovers_without_io_errors_or_loss(lab):
     lab.record("torn_down", object="srp", took_s=took)
     assert took <= 2 * TEARDOWN_S, f"logout and the target's removal took {took:.1f} s"
     assert srp.leftovers() == {}
+
+
+def test_srp_with_a_finite_transport_retry_count_the_port_timeouts_govern(lab):
+    """The control of the campaign above, on sd's own 30 s command timeout: with
+    tl_retry_count 2 the initiator's QP ends its retries with RETRY_EXC_ERR after three local
+    ACK timeouts, well inside the command timeout (7 is rxe's "for ever":
+    rxe-retry-cnt-7-is-infinite; with 6, seven timeouts did not end before sd's 30 s on 6.1,
+    and the error handler's host reset found the target back), so a rebooted target is a
+    transport error that ib_srp sees (srp_handle_qp_err): the remote port blocks, its commands
+    are requeued while
+    reconnect_delay's attempts fail, and fast_io_fail_tmo (300 s), not the command timeout,
+    decides when I/O may fail (sysfs-transport-srp: "after a transport layer error has been
+    observed"). No I/O error reaches the application; the port and disk run again once the
+    target is back. With the default 7 on rxe no transport error comes, the SCSI error handler
+    runs at the command timeout and its failed host reset offlines the disk: EIO (6.1), which
+    is why the campaign above sets scsi_timeout past the outage."""
+    timeouts = dict(TIMEOUTS, scsi_timeout=None)
+    srp = Srp(lab, target="a", initiator="b", tl_retry_count=2, **timeouts)
+    srp.setup()
+    srp.start_io(blocks=512)
+    lab.sleep(sec(2))
+    lab.faults.reboot("a", sec(2))
+    srp.export()
+
+    def back() -> bool:
+        states = srp.states()
+        return states["disk"] == states["rport"] == "running" and \
+            "blocked" in unit_states(lab, srp.rport)
+    took = srp.wait_for(back, TIMEOUTS["reconnect_delay"] + RECONNECT_S + lab.tolerance_ns / 1e9,
+                        f"{srp.rport} on b blocked and running again", poll_s=1.0)
+    lab.record("recovered", object="srp", after_export_s=took,
+               port=unit_states(lab, srp.rport), disk=unit_states(lab, srp.disk))
+    lab.sleep(sec(2))
+    io = srp.stop_io()
+    assert not io["blocked"], io
+    assert io["errors"] == 0, f"an I/O error reached the application within fast_io_fail_tmo " \
+        f"{TIMEOUTS['fast_io_fail_tmo']} s: {io['first_error']}"
+    got = srp.verify()
+    assert got["acked"] > 0 and got["lost_count"] == 0 and got["corrupt_count"] == 0, got
+    srp.teardown(TEARDOWN_S)
+    assert srp.leftovers() == {}

@@ -86,7 +86,7 @@ class Srp(Workload):
                  name: str = "rdmalab-srp", port: int = SRP_RDMA_CM_PORT,
                  reconnect_delay: Tmo = 2, fast_io_fail_tmo: Tmo = 300,
                  dev_loss_tmo: Tmo = 600, scsi_timeout: Optional[int] = None,
-                 backing: str = "disk"):
+                 tl_retry_count: Optional[int] = None, backing: str = "disk"):
         if backing != "disk":
             raise ValueError(f"srp backing {backing!r}: disk (the host's spare disk, kept "
                              "across a reboot of the target)")
@@ -95,6 +95,12 @@ class Srp(Workload):
         self.timeouts = {"reconnect_delay": reconnect_delay,
                          "fast_io_fail_tmo": fast_io_fail_tmo, "dev_loss_tmo": dev_loss_tmo}
         check_timeouts(self.timeouts)
+        if tl_retry_count is not None and (not isinstance(tl_retry_count, int)
+                                           or isinstance(tl_retry_count, bool)
+                                           or not 2 <= tl_retry_count <= 7):
+            raise ValueError(f"srp tl_retry_count={tl_retry_count!r}: the RC transport retry "
+                             "count, 2..7 (ib_srp's srp_parse_options)")
+        self.tl_retry_count = tl_retry_count
         if scsi_timeout is not None and (not isinstance(scsi_timeout, int)
                                          or isinstance(scsi_timeout, bool) or scsi_timeout < 1):
             raise ValueError(f"srp scsi_timeout={scsi_timeout!r}: whole seconds, 1 or more "
@@ -142,7 +148,7 @@ class Srp(Workload):
             scope = f"%{mine['ifindex']}"
             dest, src = theirs["link_local"] + scope, mine["link_local"] + scope
         options = login_string(self.guid, dest, self.port, initiator_port_id(mine["gid"])[0],
-                               src)
+                               src, self.tl_retry_count)
         got = self.on(self.initiator, "login", options, mine["device"], mine["port"],
                       self.guid, self.timeouts, deadline_s, deadline_s=deadline_s + 30)
         self.rport, self.disk, self.device = got["rport"], got["disk"], got["device"]

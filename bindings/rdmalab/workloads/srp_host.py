@@ -67,10 +67,11 @@ def initiator_port_id(gid: str) -> tuple[str, str]:
 
 
 def login_string(guid: str, address: str, port: int, initiator_ext: str,
-                 source: str = "") -> str:
+                 source: str = "", tl_retry_count: Optional[int] = None) -> str:
     """ib_srp's add_target options for an RDMA/CM login (srp_parse_options; mandatory over
     RDMA/CM: id_ext, ioc_guid, dest): the target port identifier is id_ext then ioc_guid, both
-    ib_srpt's srpt_service_guid, which it checks (srpt_cm_req_recv)."""
+    ib_srpt's srpt_service_guid, which it checks (srpt_cm_req_recv). tl_retry_count: the RC
+    QP's transport retry count (2..7; ib_srp's default 7)."""
     g = guid.lower().removeprefix("0x")
     if not g or len(g) > 16 or any(c not in "0123456789abcdef" for c in g):
         raise ValueError(f"not a 64-bit GUID: {guid!r}")
@@ -78,6 +79,8 @@ def login_string(guid: str, address: str, port: int, initiator_ext: str,
     opts = [f"id_ext={g}", f"ioc_guid={g}", f"initiator_ext={initiator_ext}", f"dest={dest}"]
     if source:  # an IPv6 one bracketed too: srp_parse_in takes the last ':' for a port's
         opts.append(f"src=[{source}]" if ":" in source else f"src={source}")
+    if tl_retry_count is not None:
+        opts.append(f"tl_retry_count={tl_retry_count}")
     return ",".join(opts)
 
 
