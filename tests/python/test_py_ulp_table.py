@@ -87,3 +87,18 @@ def test_the_readme_block_is_rewritten_and_a_missing_one_named(tmp_path):
      ("server reboot hard mount (4.2)", "nfs"))])
 def test_a_row_is_its_campaign_or_seed_scenario_and_workload(scenario, row):
     assert ulp._row(scenario) == row
+
+
+def test_a_failure_then_its_teardown_error_is_one_cell_saying_the_failure(tmp_path):
+    """pytest writes a test that failed and then errored in teardown as two testcases, the
+    second without the lab's properties: one cell, the failure's, in the run's column."""
+    run = tmp_path / "rxe"
+    failed = case("test_ulp_campaign[vm-rxe-target reboot-nfs]", "failed",
+                  message="Hung: rdma link delete rxe0 still blocks")
+    error = ('<testcase classname="tests.ulp.test_ulp" name="test_ulp_campaign[vm-rxe-target '
+             'reboot-nfs]"><error message="failed on teardown with Hung">t</error></testcase>')
+    write_run(run, [failed, error], {})
+    table = ulp.markdown(tmp_path)
+    assert "| nfs | target reboot | **FAILED**: Hung: rdma link delete rxe0 still blocks |" \
+        in table
+    assert "teardown" not in table and "`-`" not in table

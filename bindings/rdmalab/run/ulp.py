@@ -93,15 +93,23 @@ def markdown(out: Path) -> str:
     rows: dict[tuple[str, str], dict[str, str]] = {}
     cols: list[str] = []
     for junit in sorted(out.glob("*/junit.xml")):
-        for r in report.read_junit(str(junit)):
-            if r.column.startswith("model"):
-                continue
-            campaign, workload = _row(r.scenario)
+        results = [r for r in report.read_junit(str(junit)) if not r.column.startswith("model")]
+        named = {r.column for r in results} - {"", "-"}
+        seen: set = set()  # cells of this run: a failed test's teardown error comes second
+        for r in results:
+            # A teardown error's testcase carries no column: the run's one device it is.
+            column = next(iter(named)) if r.column in ("", "-") and len(named) == 1 \
+                else r.column
+            # A test that failed before its column was named keeps the lab's id in its own.
+            campaign, workload = _row(r.scenario.replace(f"[{column.split('@')[0]}-", "["))
             data = campaign_record(junit.parent, r)
             campaign = data.get("campaign", campaign)
-            rows.setdefault((workload, campaign), {})[r.column] = cell(r, data)
-            if r.column not in cols:
-                cols.append(r.column)
+            if (workload, campaign, column) in seen:
+                continue
+            seen.add((workload, campaign, column))
+            rows.setdefault((workload, campaign), {})[column] = cell(r, data)
+            if column not in cols:
+                cols.append(column)
     lines = ["| workload | fault | " + " | ".join(f"`{c}`" for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for (workload, campaign), by_col in rows.items():
