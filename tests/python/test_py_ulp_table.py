@@ -102,3 +102,14 @@ def test_a_failure_then_its_teardown_error_is_one_cell_saying_the_failure(tmp_pa
     assert "| nfs | target reboot | **FAILED**: Hung: rdma link delete rxe0 still blocks |" \
         in table
     assert "teardown" not in table and "`-`" not in table
+
+
+def test_a_campaign_that_passed_where_a_finding_was_marked_says_so(tmp_path):
+    run = tmp_path / "rxe"
+    xpass = case("test_ulp_campaign[target port down 10 s-srp]", "failed",
+                 history="history/h.jsonl",
+                 message="[XPASS(strict)] finding rxe-local-send-error-kills-qp1 on rxe")
+    write_run(run, [xpass], {"h.jsonl": {"campaign": "target port down 10 s", "fault_s": 13.3,
+                                         "recovery_s": 0.1, "teardown_s": 0.6, "io_errors": 0}})
+    assert "| srp | target port down 10 s | **XPASS**: passed, the marked finding did not " \
+        "reproduce (live 0.1 s, teardown 0.6 s) |" in ulp.markdown(tmp_path)

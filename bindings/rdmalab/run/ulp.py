@@ -70,6 +70,9 @@ def cell(r: report.Result, data: dict) -> str:
         return times or "passed"
     said = (r.message or "").split("\n", 1)[0].replace("rdmalab.errors.", "")
     said = said.replace("Hung: Hung:", "Hung:")
+    if said.startswith("[XPASS(strict)]"):  # the campaign passed where a finding was marked
+        return "**XPASS**: passed, the marked finding did not reproduce" + \
+            (f" ({times})" if times else "")
     reason = " ".join(said.split())[:REASON_CHARS]
     word = {"failed": "**FAILED**", "error": "**ERROR**", "host_lost": "**HOST-LOST**"}.get(
         r.outcome, r.outcome)
