@@ -17,7 +17,8 @@ import pytest
 from rdmalab import FaultNotSupported, Hung, sec
 from rdmalab.api.cm_timing import IbCmTiming
 from rdmalab.checkers.workloads import KINDS
-from rdmalab.workloads import Iser, Nfs, NvmeOf, Srp
+from rdmalab.workloads import IO, Iser, Nfs, NvmeOf, Srp
+from rdmalab.workloads.ledger import PROGRESS_S
 
 RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
 TEARDOWN_S = 60.0
@@ -103,6 +104,20 @@ def link_readd(host):
         else:
             w.connect()        # the initiator's controller went with its device
     return fault
+
+
+def io_resumed(lab, w, since_ns: int, timeout_s: float) -> float:
+    """Seconds until the ledger's writes are acknowledged again at since_ns (lab time): an
+    `io` progress record of the initiator with ok > 0 (one a second, for the second before it:
+    one of the second before since_ns says writes never stopped). The unit's state alone can
+    say running while its I/O is stuck (SRP on rxe: the port never blocks, the commands wait
+    out scsi_timeout)."""
+    def resumed() -> bool:
+        return any(r["kind"] == IO and r["host"] == w.initiator
+                   and r["t_ns"] > since_ns - int(PROGRESS_S * 1e9)
+                   and r["data"].get("phase") == "progress" and r["data"].get("ok", 0) > 0
+                   for r in lab.history())
+    return w.wait_for(resumed, timeout_s, f"{w.kind} I/O acknowledged again", poll_s=1.0)
 
 
 def released_after_give_up(lab, w) -> dict:
@@ -230,11 +245,14 @@ def test_ulp_campaign(lab, workload, campaign):
         t0 = time.monotonic()
         campaign.fault(lab, w)
         fault_s = time.monotonic() - t0
+        healed_ns = lab.now_ns - lab.t0_ns
         try:
             recovery_s = w.wait_state(working, bound)
+            if not campaign.unit_lost:  # liveness: I/O resumes too
+                recovery_s += io_resumed(lab, w, healed_ns, bound)
         except Hung as e:  # the liveness check failed: an assertion, its dump already taken
-            raise AssertionError(f"not {working} again within {bound:.0f} s of the heal: "
-                                 f"{e}") from e
+            raise AssertionError(f"not {working} with I/O acknowledged again within "
+                                 f"{bound:.0f} s of the heal: {e}") from e
     lab.sleep(sec(1))
     io = w.stop_io()
     got = w.verify()
