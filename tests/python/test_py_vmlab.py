@@ -203,6 +203,13 @@ def test_the_guest_kernel_runs_no_clocksource_watchdog(tmp_path):
     assert "tsc=reliable" in argv[argv.index("-append") + 1].split()
 
 
+def test_the_guest_kernel_does_not_test_its_timer_interrupt_at_boot(tmp_path):
+    """no_timer_check: a starved TCG vCPU fails the IO-APIC timer test and the guest panics
+    before its console comes up (docs/vmlab.md)."""
+    argv = _vm(tmp_path).argv()
+    assert "no_timer_check" in argv[argv.index("-append") + 1].split()
+
+
 def test_sshd_gets_a_second_forward_on_loopback_only(tmp_path):
     vm = _vm(tmp_path, ssh_keys=tmp_path / "keys")
     argv = vm.argv()
