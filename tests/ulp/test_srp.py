@@ -22,11 +22,10 @@ import time
 
 from rdmalab import FaultNotSupported, sec
 from rdmalab.workloads import ULP_STATE
-from rdmalab.workloads.srp import Srp
+from rdmalab.workloads.srp import SRP_ABORT_S, Srp
 
 RECONNECT_S = 60.0  # one reconnect on a TCG guest: the CM exchange and the SRP login
 TEARDOWN_S = 60.0   # the remote port's deletion and the target's removal
-SRP_ABORT_S = 5.0   # ib_srp.c SRP_ABORT_TIMEOUT_MS: the abort's, then the LUN reset's, wait
 # SRP has no keep-alive: the initiator notices the silent target when a command outlives
 # scsi_timeout, and the error handler's host reset reconnects. scsi_timeout, fast_io_fail_tmo
 # and dev_loss_tmo past a TCG guest's reboot (45-60 s on this loaded machine): the reset

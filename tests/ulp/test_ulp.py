@@ -19,6 +19,7 @@ from rdmalab.api.cm_timing import IbCmTiming
 from rdmalab.checkers.workloads import KINDS
 from rdmalab.workloads import IO, Iser, Nfs, NvmeOf, Srp
 from rdmalab.workloads.ledger import PROGRESS_S
+from rdmalab.workloads.srp import SRP_ABORT_S
 
 RECONNECT_S = 60.0   # one reconnect on a TCG guest: the CM exchange and every queue's connect
 TEARDOWN_S = 60.0
@@ -37,7 +38,6 @@ WORKLOADS = {"nvme": (NvmeOf, dict(TIMEOUTS, backing="disk")),
              # error handler's host reset finds the target back (rdmalab.workloads.srp)
              "srp": (Srp, dict(backing="disk", reconnect_delay=2, fast_io_fail_tmo=300,
                                dev_loss_tmo=600, scsi_timeout=75))}
-SRP_ABORT_S = 5.0  # ib_srp.c SRP_ABORT_TIMEOUT_MS: the abort's, then the LUN reset's, wait
 
 
 def notice_s(options: dict) -> float:

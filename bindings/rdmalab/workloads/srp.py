@@ -34,6 +34,8 @@ from .srp_host import SCSI_DEVICE_BLOCK_MAX_TIMEOUT, initiator_port_id, login_st
 MODULE = "rdmalab.workloads.srp_host"
 # ib_srpt's RDMA/CM port: SRP has no IANA port; blktests' srp_rdma_cm_port.
 SRP_RDMA_CM_PORT = 5555
+# ib_srp.c SRP_ABORT_TIMEOUT_MS: the error handler's abort, then its LUN reset, each waits this.
+SRP_ABORT_S = 5.0
 # ib_srp's defaults (ib_srp.c: srp_reconnect_delay, srp_fast_io_fail_tmo, srp_dev_loss_tmo).
 DEFAULTS = {"reconnect_delay": 10, "fast_io_fail_tmo": 15, "dev_loss_tmo": 600}
 # Who owns each side's resources in `rdma res`: the ULP (its cm_ids, CQs, MRs, PD) and rdma_cm,
